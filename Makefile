@@ -1,0 +1,59 @@
+# Two commands do all the set-up: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= $(shell .ci/find-python)
+BIN := $(VENV)/bin
+PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
+MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
+PYTEST_ARGS ?=
+
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql docs demo clean
+
+$(BIN)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { .ci/find-python; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+venv: $(BIN)/.installed
+
+lint: venv
+	$(BIN)/ruff check django_jobqueue tests example_project
+	$(BIN)/ruff format --check django_jobqueue tests example_project
+
+typecheck: venv
+	$(BIN)/mypy django_jobqueue
+
+checks: venv
+	$(BIN)/python -m django check --fail-level WARNING --settings tests.settings
+	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings
+
+docs: venv
+	$(BIN)/mkdocs build --strict --quiet --config-file docs/mkdocs.yml --site-dir ../.site
+
+test-sqlite: venv
+	rm -rf .test-state/sqlite && mkdir -p .test-state/sqlite
+	JOBQUEUE_TEST_STATE=$(CURDIR)/.test-state/sqlite DATABASE_URL= \
+		$(BIN)/pytest --create-db $(PYTEST_ARGS)
+
+# PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
+test-postgres: venv
+	@if $(BIN)/python .ci/db_ready.py "$(PG_URL)"; then \
+		DATABASE_URL="$(PG_URL)" $(BIN)/pytest --create-db $(PYTEST_ARGS); \
+	elif [ "$$CI" = "true" ]; then echo "PostgreSQL is not reachable at $(PG_URL)"; exit 1; \
+	else echo "== PostgreSQL not reachable at $(PG_URL): skipped (CI=true makes this fail)"; fi
+
+test-mysql: venv
+	@if $(BIN)/python .ci/db_ready.py "$(MYSQL_URL)"; then \
+		DATABASE_URL="$(MYSQL_URL)" $(BIN)/pytest --create-db $(PYTEST_ARGS); \
+	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
+	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
+
+test: lint typecheck checks docs test-sqlite test-postgres test-mysql
+
+demo: venv
+	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(BIN)
+
+clean:
+	rm -rf $(VENV) .test-state .site example_project/db.sqlite3*

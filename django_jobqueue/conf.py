@@ -1,0 +1,85 @@
+"""One place that reads ``settings.JOBQUEUE``, with typed defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+@dataclasses.dataclass(frozen=True)
+class JobQueueSettings:
+    """The effective settings; every field is a key of ``settings.JOBQUEUE`` in upper case."""
+
+    database: str = "default"  # alias of the database that holds the queue tables
+    default_queue: str = "default"
+    max_attempts: int = 3  # attempts per job unless enqueue() says otherwise
+    timeout: float | None = None  # seconds a dispatch may run; None: no limit
+    lease_ttl: float = 30.0  # seconds a claim stays valid without a heartbeat
+    heartbeat_interval: float = 10.0  # seconds between lease renewals
+    poll_interval: float = 1.0  # seconds between polls when idle
+    shutdown_timeout: float = 30.0  # seconds in-flight jobs get after SIGTERM
+    retry_backoff: float = 2.0  # base of the exponential backoff, seconds
+    retry_backoff_max: float = 3600.0  # ceiling of one backoff delay, seconds
+    reclaim_interval: float = 1.0  # seconds between stale-lease sweeps of one worker
+    reclaim_batch: int = 100  # rows one sweep moves at most
+    max_abandoned_threads: int = 3  # timed-out threads a worker tolerates before restarting
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
+
+
+def load(raw: dict[str, Any] | None = None) -> JobQueueSettings:
+    """Build the settings from a ``JOBQUEUE`` dict, raising ImproperlyConfigured on bad values."""
+    if raw is None:
+        raw = getattr(settings, "JOBQUEUE", {}) or {}
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured("settings.JOBQUEUE must be a dict.")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.lower()
+        if not key.isupper() or name not in _FIELDS:
+            known = ", ".join(sorted(n.upper() for n in _FIELDS))
+            raise ImproperlyConfigured(f"Unknown JOBQUEUE setting {key!r}; known: {known}.")
+        values[name] = value
+    conf = JobQueueSettings(**values)
+    _validate(conf)
+    return conf
+
+
+def _validate(conf: JobQueueSettings) -> None:
+    def positive(name: str, allow_none: bool = False) -> None:
+        value = getattr(conf, name)
+        if value is None and allow_none:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
+
+    for name in ("lease_ttl", "heartbeat_interval", "poll_interval", "retry_backoff",
+                 "retry_backoff_max", "reclaim_interval"):
+        positive(name)
+    positive("timeout", allow_none=True)
+    for name in ("max_attempts", "reclaim_batch", "max_abandoned_threads"):
+        value = getattr(conf, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be an integer >= 1.")
+    if not isinstance(conf.shutdown_timeout, int | float) or conf.shutdown_timeout < 0:
+        raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number >= 0.")
+    if conf.heartbeat_interval * 2 > conf.lease_ttl:
+        raise ImproperlyConfigured(
+            "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
+            "so one missed heartbeat does not lose a live lease."
+        )
+    if conf.database not in settings.DATABASES:
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
+        )
+    if not isinstance(conf.default_queue, str) or not conf.default_queue:
+        raise ImproperlyConfigured("JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string.")
+
+
+def get() -> JobQueueSettings:
+    """Return the current settings (read afresh, so override_settings works in tests)."""
+    return load()

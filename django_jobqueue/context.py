@@ -1,0 +1,44 @@
+"""The context object a handler registered with ``takes_context=True`` receives first."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from . import leases
+
+if TYPE_CHECKING:
+    from .dialects import Dialect
+    from .models import Job
+
+
+@dataclasses.dataclass
+class JobContext:
+    """What a running job may know and do: its id, attempt, upstream results, lease renewal."""
+
+    job: Job
+    attempt: int
+    worker_id: str
+    lease_ttl: float
+    _dialect: Dialect = dataclasses.field(repr=False)
+
+    @property
+    def job_id(self) -> int:
+        """The running job's primary key."""
+        return int(self.job.pk)
+
+    @cached_property
+    def upstream_results(self) -> dict[int, Any]:
+        """Results of the jobs this job depends on, by job id."""
+        from .models import Job
+
+        upstream = Job.objects.using(self._dialect.using).filter(
+            downstream_edges__job_id=self.job.pk
+        )
+        return dict(upstream.values_list("pk", "result"))
+
+    def renew_lease(self) -> bool:
+        """Push back this attempt's lease deadline now; False if the lease was lost."""
+        lease = leases.Lease(self.job_id, self.worker_id, self.attempt)
+        return leases.renew(self._dialect, [lease], self.lease_ttl) == 1

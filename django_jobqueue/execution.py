@@ -1,0 +1,180 @@
+"""Run one claimed job: call its handler, then record the result or the error."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from . import leases, registry
+from .conf import JobQueueSettings
+from .context import JobContext
+from .dialects import Dialect
+from .exceptions import Fail, JobTimeout, Retry, UnknownHandlerError
+from .models import Job
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class InFlight:
+    """A dispatched attempt, shared by the executor thread and the worker loop."""
+
+    job: Job
+    lease: leases.Lease
+    started: float  # time.monotonic() at dispatch
+    deadline: float | None  # monotonic time after which the attempt is timed out
+    thread_id: int | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    settled: bool = False  # an outcome was recorded (by the thread or by the timeout)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def settle(self) -> bool:
+        """Claim the right to record this attempt's outcome; False if already taken."""
+        with self.lock:
+            if self.settled:
+                return False
+            self.settled = True
+            return True
+
+
+def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
+    """Describe `exc` for Job.last_error: class path, message, traceback, attempt."""
+    cls = type(exc)
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)) if with_traceback else "",
+        "attempt": attempt,
+    }
+
+
+def record_failure(
+    dialect: Dialect, conf: JobQueueSettings, flight: InFlight, exc: BaseException
+) -> None:
+    """Fail the attempt: retry later (backoff, or as `Retry` asked) or mark it dead."""
+    job, lease = flight.job, flight.lease
+    error = error_info(exc, lease.attempt)
+    exhausted = lease.attempt >= job.max_attempts
+    duration = time.monotonic() - flight.started
+    if isinstance(exc, Fail | UnknownHandlerError) or exhausted:
+        state = leases.fail(dialect, lease, error, dead=True)
+        if state is not None:
+            logger.error(
+                "Job id=%s type=%s attempt=%s died after %.3fs: %s: %s",
+                job.pk, job.type, lease.attempt, duration, error["type"], exc,
+            )
+    elif isinstance(exc, Retry):
+        state = leases.fail(dialect, lease, error, retry_in=exc.delay or 0.0, retry_at=exc.at)
+        if state is not None:
+            logger.info(
+                "Job id=%s type=%s attempt=%s asked to retry (delay=%s at=%s) after %.3fs",
+                job.pk, job.type, lease.attempt, exc.delay, exc.at, duration,
+            )
+    else:
+        delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
+        state = leases.fail(dialect, lease, error, retry_in=delay)
+        if state is not None:
+            logger.warning(
+                "Job id=%s type=%s attempt=%s failed after %.3fs, retry in %.1fs: %s: %s",
+                job.pk, job.type, lease.attempt, duration, delay, error["type"], exc,
+            )
+    if state is None:
+        _log_lost(flight)
+
+
+def _log_lost(flight: InFlight) -> None:
+    logger.warning(
+        "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
+        flight.job.pk, flight.job.type, flight.lease.attempt,
+    )
+
+
+def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
+    """Run `flight`'s handler in this thread and record its outcome under the lease."""
+    flight.thread_id = threading.get_ident()
+    job, lease = flight.job, flight.lease
+    try:
+        if not leases.start(dialect, lease):
+            flight.settle()
+            _log_lost(flight)
+            return
+        logger.info("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
+        try:
+            result = _call(dialect, conf, flight)
+            json.dumps(result, allow_nan=False)
+        except JobTimeout as exc:
+            # Raised into this thread by the worker loop, which already recorded the timeout.
+            if flight.settle():
+                record_failure(dialect, conf, flight, exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - one bad job never kills the worker
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            if flight.settle():
+                _with_retries(lambda: record_failure(dialect, conf, flight, exc), flight)
+            return
+        if not flight.settle():
+            return  # timed out meanwhile: the late result is fenced off
+        if _with_retries(lambda: leases.finish(dialect, lease, result), flight):
+            logger.info(
+                "Job id=%s type=%s attempt=%s done in %.3fs",
+                job.pk, job.type, lease.attempt, time.monotonic() - flight.started,
+            )
+        else:
+            _log_lost(flight)
+    except (DatabaseError, InterfaceError):
+        logger.exception("Could not record the outcome of job id=%s; its lease will expire", job.pk)
+    finally:
+        _tidy_connection(dialect.using)
+        flight.done.set()
+
+
+def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
+    job = flight.job
+    handler = registry.get(job.type)
+    args: tuple[Any, ...] = ()
+    if handler.takes_context:
+        args = (JobContext(job, flight.lease.attempt, flight.lease.owner, conf.lease_ttl, dialect),)
+    if not handler.is_async:
+        return handler.func(*args, **job.args)
+    timeout = job.timeout
+    coro = handler.func(*args, **job.args)
+    try:
+        return asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
+    except TimeoutError:
+        raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
+
+
+def _with_retries(func: Any, flight: InFlight, tries: int = 5) -> Any:
+    """Run a lease write, retrying through a lost connection (the lease fence keeps it safe)."""
+    delay = 0.2
+    for attempt in range(1, tries + 1):
+        try:
+            return func()
+        except (DatabaseError, InterfaceError) as exc:
+            if attempt == tries:
+                raise
+            logger.warning("Recording job id=%s failed (%s); retrying", flight.job.pk, exc)
+            _tidy_connection(flight.job._state.db or "default", force=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    return None
+
+
+def _tidy_connection(using: str, *, force: bool = False) -> None:
+    """Drop this thread's connection if a handler or the server broke it."""
+    conn = connections[using]
+    if force or conn.errors_occurred:
+        if conn.in_atomic_block:
+            return
+        if force or not conn.is_usable():
+            conn.close()
+        conn.errors_occurred = False

@@ -1,0 +1,103 @@
+"""manage.py jobqueue_worker: run a worker process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobqueue.exceptions import UnsupportedDatabaseError
+from django_jobqueue.worker import JobWorker, WorkerOptions
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a job queue worker: reclaim expired leases, claim ready jobs, run their handlers "
+        "and record the outcomes, until stopped by SIGTERM/SIGINT (or by --burst/--max-jobs)."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--concurrency", type=_positive(int), default=1,
+                            help="Jobs in flight at once in this process, each in a thread "
+                                 "(default: 1).")
+        parser.add_argument("--queue", action="append", dest="queues", default=[],
+                            metavar="NAME",
+                            help="Only claim jobs from this queue; repeat for several "
+                                 "(default: all queues).")
+        parser.add_argument("--poll-interval", type=_positive(float), metavar="SECONDS",
+                            help="Seconds to wait between polls when idle, +-20%% jitter "
+                                 "(default: JOBQUEUE['POLL_INTERVAL'], 1.0).")
+        parser.add_argument("--lease-ttl", type=_positive(float), metavar="SECONDS",
+                            help="Seconds a claim stays valid without a heartbeat; another "
+                                 "worker reclaims it after (default: JOBQUEUE['LEASE_TTL'], 30).")
+        parser.add_argument("--heartbeat-interval", type=_positive(float), metavar="SECONDS",
+                            help="Seconds between lease renewals, at most half the lease TTL "
+                                 "(default: JOBQUEUE['HEARTBEAT_INTERVAL'], 10).")
+        parser.add_argument("--shutdown-timeout", type=_non_negative, metavar="SECONDS",
+                            help="On SIGTERM/SIGINT, seconds to let in-flight jobs finish "
+                                 "before releasing them back to ready "
+                                 "(default: JOBQUEUE['SHUTDOWN_TIMEOUT'], 30).")
+        parser.add_argument("--burst", action="store_true",
+                            help="Exit with status 0 once nothing is runnable and nothing is "
+                                 "in flight (for scripts, tests and cron).")
+        parser.add_argument("--max-jobs", type=_positive(int), metavar="N",
+                            help="Exit after claiming N jobs and finishing them.")
+        parser.add_argument("--worker-id", metavar="NAME",
+                            help="This worker's lease owner name (default: host:pid:random).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        _ensure_logging(options["verbosity"])
+        opts = WorkerOptions(
+            concurrency=options["concurrency"],
+            queues=options["queues"],
+            poll_interval=options["poll_interval"],
+            lease_ttl=options["lease_ttl"],
+            heartbeat_interval=options["heartbeat_interval"],
+            shutdown_timeout=options["shutdown_timeout"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            worker_id=options["worker_id"],
+        )
+        try:
+            worker = JobWorker(opts)
+            code = worker.run()
+        except (ValueError, UnsupportedDatabaseError) as exc:
+            raise CommandError(str(exc)) from exc
+        if code:
+            sys.exit(code)
+
+
+def _ensure_logging(verbosity: int) -> None:
+    """Show the worker's log lines on stderr unless the project configured logging for them."""
+    logger = logging.getLogger("django_jobqueue")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if verbosity == 0 else logging.INFO)
+    if verbosity >= 2:
+        logger.setLevel(logging.DEBUG)

@@ -1,0 +1,190 @@
+"""The queue's tables: Job, JobDependency and Worker."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import ClassVar
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from .dialects.functions import DbNow
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """Querysets whose methods name states."""
+
+    def ready(self) -> JobQuerySet:
+        """Jobs a worker may claim now: `ready` and past their `run_after` (database clock)."""
+        return self.filter(state=Job.State.READY).filter(
+            Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
+        )
+
+    def in_flight(self) -> JobQuerySet:
+        """Jobs held by a worker's lease."""
+        return self.filter(state__in=Job.LEASED_STATES)
+
+    def expired(self) -> JobQuerySet:
+        """Jobs whose lease has run out by the database clock."""
+        return self.in_flight().filter(lease_expires__lt=DbNow())
+
+    def terminal(self) -> JobQuerySet:
+        """Jobs in a final state."""
+        return self.filter(state__in=Job.TERMINAL_STATES)
+
+    def in_queues(self, queues: list[str] | tuple[str, ...] | None) -> JobQuerySet:
+        """Jobs in any of `queues` (all queues when empty or None)."""
+        return self.filter(queue__in=queues) if queues else self
+
+
+class Job(models.Model):
+    """One unit of work: a handler key, its arguments, and where it stands."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting", _("waiting")  # blocked on upstream jobs, or a container
+        READY = "ready", _("ready")  # runnable once run_after has passed
+        LEASED = "leased", _("leased")  # claimed by a worker, not started yet
+        RUNNING = "running", _("running")  # its handler is executing
+        DONE = "done", _("done")  # finished with a result (terminal)
+        DEAD = "dead", _("dead")  # failed for good (terminal)
+        CANCELLED = "cancelled", _("cancelled")  # cancelled before it finished (terminal)
+
+    LEASED_STATES: ClassVar[tuple[str, ...]] = (State.LEASED, State.RUNNING)
+    TERMINAL_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.DEAD, State.CANCELLED)
+
+    type = models.CharField(_("handler key"), max_length=200)
+    args = models.JSONField(_("arguments"), default=dict)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    state = models.CharField(
+        _("state"), max_length=16, choices=State.choices, default=State.READY
+    )
+    attempts = models.IntegerField(_("attempts"), default=0)
+    max_attempts = models.IntegerField(_("max attempts"), default=3)
+    queue = models.CharField(_("queue"), max_length=100, default="default")
+    priority = models.IntegerField(_("priority"), default=0)
+    group_key = models.CharField(_("group"), max_length=200, default="", blank=True)
+    weight = models.IntegerField(_("weight"), default=1)
+    parent = models.ForeignKey(
+        "self",
+        verbose_name=_("container"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+    )
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
+    timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
+    lease_owner = models.CharField(_("lease owner"), max_length=255, null=True, blank=True)
+    lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
+    last_error = models.JSONField(_("last error"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        # The ready-set index is created by migration 0002, per database: partial on
+        # PostgreSQL and SQLite, composite on MySQL/MariaDB (no partial indexes there).
+        indexes = [
+            models.Index(fields=["lease_expires"], name="jobqueue_job_lease_expires"),
+            models.Index(fields=["state", "finished_at"], name="jobqueue_job_state_finished"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="jobqueue_job_lease_shape",
+                condition=(
+                    Q(
+                        state__in=["leased", "running"],
+                        lease_owner__isnull=False,
+                        lease_expires__isnull=False,
+                    )
+                    | (
+                        ~Q(state__in=["leased", "running"])
+                        & Q(lease_owner__isnull=True, lease_expires__isnull=True)
+                    )
+                ),
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_finish_shape",
+                condition=(
+                    Q(state__in=["done", "dead", "cancelled"], finished_at__isnull=False)
+                    | (~Q(state__in=["done", "dead", "cancelled"]) & Q(finished_at__isnull=True))
+                ),
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_state_valid",
+                condition=Q(
+                    state__in=["waiting", "ready", "leased", "running", "done", "dead", "cancelled"]
+                ),
+            ),
+            models.CheckConstraint(name="jobqueue_job_attempts_gte_0", condition=Q(attempts__gte=0)),
+            models.CheckConstraint(
+                name="jobqueue_job_max_attempts_gt_0", condition=Q(max_attempts__gt=0)
+            ),
+            models.CheckConstraint(name="jobqueue_job_weight_gt_0", condition=Q(weight__gt=0)),
+            models.CheckConstraint(
+                name="jobqueue_job_timeout_gt_0",
+                condition=Q(timeout__isnull=True) | Q(timeout__gt=0),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job reached a final state."""
+        return self.state in self.TERMINAL_STATES
+
+    @property
+    def timeout_delta(self) -> dt.timedelta | None:
+        """The timeout as a timedelta, or None."""
+        return None if self.timeout is None else dt.timedelta(seconds=self.timeout)
+
+
+class JobDependency(models.Model):
+    """An edge of the dependency graph: `job` runs only after `depends_on` is done."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upstream_edges")
+    depends_on = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="downstream_edges"
+    )
+
+    class Meta:
+        verbose_name = _("job dependency")
+        verbose_name_plural = _("job dependencies")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="jobqueue_dep_unique"),
+            models.CheckConstraint(
+                name="jobqueue_dep_not_self", condition=~Q(job=models.F("depends_on"))
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.depends_on_id}"
+
+
+class Worker(models.Model):
+    """A live worker process, kept fresh by its heartbeat and removed on clean exit."""
+
+    id = models.CharField(_("worker id"), max_length=255, primary_key=True)
+    host = models.CharField(_("host"), max_length=255)
+    pid = models.IntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), default=list)
+    concurrency = models.IntegerField(_("concurrency"))
+    started_at = models.DateTimeField(_("started"))
+    heartbeat_at = models.DateTimeField(_("last heartbeat"))
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.id
+

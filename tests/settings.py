@@ -1,0 +1,78 @@
+"""Settings for the test suite; the database comes from DATABASE_URL (default: an SQLite file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("JOBQUEUE_TEST_STATE", BASE_DIR / ".test-state"))
+STATE_DIR.mkdir(exist_ok=True)
+
+env = environ.Env()
+DATABASE_URL = env.str("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'jobqueue.sqlite3'}")
+_db = env.db_url_config(DATABASE_URL)
+_engine = _db["ENGINE"]
+if _engine.endswith("sqlite3"):
+    _db.setdefault("OPTIONS", {}).update(
+        {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
+    )
+    # A file, never :memory:: worker subprocesses must see the same database.
+    _db["TEST"] = {"NAME": str(Path(_db["NAME"]).with_name("test_" + Path(_db["NAME"]).name))}
+elif _engine.endswith("mysql"):
+    _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+# Worker subprocesses started by the tests connect straight to the test database.
+if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
+    _db["NAME"] = _db.get("TEST", {}).get("NAME") or "test_" + _db["NAME"]
+DATABASES = {"default": _db}
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_jobqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+JOBQUEUE = {
+    "RETRY_BACKOFF": float(os.environ.get("JOBQUEUE_TEST_BACKOFF", "0.05")),
+    "RETRY_BACKOFF_MAX": 0.5,
+    "LEASE_TTL": 30,
+    "HEARTBEAT_INTERVAL": 5,
+    "POLL_INTERVAL": 0.05,
+    "RECLAIM_INTERVAL": 0.2,
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_jobqueue": {"handlers": ["stderr"], "level": "INFO"}},
+}
