@@ -10,15 +10,22 @@ try:
         import psycopg
 
         psycopg.connect(
-            host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"],
-            password=config["PASSWORD"], dbname="postgres", connect_timeout=3,
+            host=config["HOST"],
+            port=config["PORT"] or 5432,
+            user=config["USER"],
+            password=config["PASSWORD"],
+            dbname="postgres",
+            connect_timeout=3,
         ).close()
     else:
         import MySQLdb
 
         MySQLdb.connect(
-            host=config["HOST"], port=int(config["PORT"] or 3306), user=config["USER"],
-            password=config["PASSWORD"], connect_timeout=3,
+            host=config["HOST"],
+            port=int(config["PORT"] or 3306),
+            user=config["USER"],
+            password=config["PASSWORD"],
+            connect_timeout=3,
         ).close()
 except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
     print(f"not reachable: {exc}", file=sys.stderr)

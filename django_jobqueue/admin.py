@@ -25,16 +25,38 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "type", "state", "queue", "group_key", "attempts", "max_attempts",
-                    "priority", "run_after", "created_at", "finished_at"]
+    list_display = [
+        "id",
+        "type",
+        "state",
+        "queue",
+        "group_key",
+        "attempts",
+        "max_attempts",
+        "priority",
+        "run_after",
+        "created_at",
+        "finished_at",
+    ]
     list_filter = ["state", "queue", "type"]
     search_fields = ["=id", "type", "group_key"]
     date_hierarchy = "created_at"
     readonly_fields = ["error_message", "error_traceback"]
     fieldsets = [
         (None, {"fields": ["type", "state", "queue", "group_key", "weight", "priority", "parent"]}),
-        ("Attempts", {"fields": ["attempts", "max_attempts", "timeout", "run_after",
-                                 "error_message", "error_traceback"]}),
+        (
+            "Attempts",
+            {
+                "fields": [
+                    "attempts",
+                    "max_attempts",
+                    "timeout",
+                    "run_after",
+                    "error_message",
+                    "error_traceback",
+                ]
+            },
+        ),
         ("Data", {"fields": ["args", "result"]}),
         ("Lease", {"fields": ["lease_owner", "lease_expires", "heartbeat_at"]}),
         ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),

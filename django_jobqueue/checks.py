@@ -42,7 +42,7 @@ def check_database(
         return []  # reported by E001
     if not databases or using not in databases:
         return []
-    connection = connections[using]
+    connection: Any = connections[using]
     if connection.vendor == "mysql":
         from .dialects.mysql import version_error
 
@@ -58,7 +58,7 @@ def check_database(
 def _sqlite_warnings(using: str) -> list[checks.CheckMessage]:
     from .dialects.sqlite import SQLiteDialect
 
-    connection = connections[using]
+    connection: Any = connections[using]
     warnings: list[checks.CheckMessage] = []
     if connection.is_in_memory_db():
         return warnings

@@ -57,8 +57,14 @@ def _validate(conf: JobQueueSettings) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
 
-    for name in ("lease_ttl", "heartbeat_interval", "poll_interval", "retry_backoff",
-                 "retry_backoff_max", "reclaim_interval"):
+    for name in (
+        "lease_ttl",
+        "heartbeat_interval",
+        "poll_interval",
+        "retry_backoff",
+        "retry_backoff_max",
+        "reclaim_interval",
+    ):
         positive(name)
     positive("timeout", allow_none=True)
     for name in ("max_attempts", "reclaim_batch", "max_abandoned_threads"):

@@ -47,7 +47,9 @@ def enqueue(
         group_key=validation.check_label("group", group, 200, allow_empty=True),
         weight=validation.check_positive_int("weight", weight),
         priority=validation.check_int("priority", priority),
-        queue=validation.check_label("queue", settings.default_queue if queue is None else queue, 100),
+        queue=validation.check_label(
+            "queue", settings.default_queue if queue is None else queue, 100
+        ),
         max_attempts=validation.check_positive_int(
             "max_attempts", settings.max_attempts if max_attempts is None else max_attempts
         ),
@@ -109,7 +111,7 @@ def _check_exist(
     wanted = set(upstream_ids) | ({parent_id} if parent_id is not None else set())
     if not wanted:
         return {}
-    qs = Job.objects.using(using).filter(pk__in=wanted).order_by("pk")
+    qs: Any = Job.objects.using(using).filter(pk__in=wanted).order_by("pk")
     if lock:
         qs = get_dialect(using).lock_blocking(qs)
     found = dict(qs.values_list("pk", "state"))

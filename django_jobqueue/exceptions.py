@@ -33,7 +33,7 @@ class UnsupportedDatabaseError(JobQueueError):
     """The database cannot run a job queue (too old, wrong engine or vendor)."""
 
 
-class Retry(Exception):  # noqa: N818 - raised by handlers as a request, like StopIteration
+class Retry(Exception):
     """Raised by a handler to retry the job later, after `delay` (seconds or timedelta) or `at`."""
 
     def __init__(
@@ -55,7 +55,7 @@ class Retry(Exception):  # noqa: N818 - raised by handlers as a request, like St
         super().__init__(reason or f"retry requested (delay={delay}, at={at})")
 
 
-class Fail(Exception):  # noqa: N818 - raised by handlers as a verdict
+class Fail(Exception):
     """Raised by a handler to fail the job for good: it goes to `dead` without more attempts."""
 
 
@@ -72,4 +72,4 @@ class LeaseExpired(JobQueueError):
 
 
 class WorkerShutdown(JobQueueError):
-    """A worker shut down before the job finished; the job was released without charging an attempt."""
+    """A worker shut down before the job finished; the job was released, no attempt charged."""

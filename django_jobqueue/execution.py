@@ -69,14 +69,24 @@ def record_failure(
         if state is not None:
             logger.error(
                 "Job id=%s type=%s attempt=%s died after %.3fs: %s: %s",
-                job.pk, job.type, lease.attempt, duration, error["type"], exc,
+                job.pk,
+                job.type,
+                lease.attempt,
+                duration,
+                error["type"],
+                exc,
             )
     elif isinstance(exc, Retry):
         state = leases.fail(dialect, lease, error, retry_in=exc.delay or 0.0, retry_at=exc.at)
         if state is not None:
             logger.info(
                 "Job id=%s type=%s attempt=%s asked to retry (delay=%s at=%s) after %.3fs",
-                job.pk, job.type, lease.attempt, exc.delay, exc.at, duration,
+                job.pk,
+                job.type,
+                lease.attempt,
+                exc.delay,
+                exc.at,
+                duration,
             )
     else:
         delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
@@ -84,7 +94,13 @@ def record_failure(
         if state is not None:
             logger.warning(
                 "Job id=%s type=%s attempt=%s failed after %.3fs, retry in %.1fs: %s: %s",
-                job.pk, job.type, lease.attempt, duration, delay, error["type"], exc,
+                job.pk,
+                job.type,
+                lease.attempt,
+                duration,
+                delay,
+                error["type"],
+                exc,
             )
     if state is None:
         _log_lost(flight)
@@ -93,7 +109,9 @@ def record_failure(
 def _log_lost(flight: InFlight) -> None:
     logger.warning(
         "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
-        flight.job.pk, flight.job.type, flight.lease.attempt,
+        flight.job.pk,
+        flight.job.type,
+        flight.lease.attempt,
     )
 
 
@@ -115,18 +133,20 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
             if flight.settle():
                 record_failure(dialect, conf, flight, exc)
             return
-        except BaseException as exc:  # noqa: BLE001 - one bad job never kills the worker
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
+        except Exception as exc:  # one bad job never kills the worker
+            error = exc
             if flight.settle():
-                _with_retries(lambda: record_failure(dialect, conf, flight, exc), flight)
+                _with_retries(lambda: record_failure(dialect, conf, flight, error), flight)
             return
         if not flight.settle():
             return  # timed out meanwhile: the late result is fenced off
         if _with_retries(lambda: leases.finish(dialect, lease, result), flight):
             logger.info(
                 "Job id=%s type=%s attempt=%s done in %.3fs",
-                job.pk, job.type, lease.attempt, time.monotonic() - flight.started,
+                job.pk,
+                job.type,
+                lease.attempt,
+                time.monotonic() - flight.started,
             )
         else:
             _log_lost(flight)

@@ -96,8 +96,10 @@ def renew(dialect: Dialect, leases: Iterable[Lease], lease_ttl: float) -> int:
         condition |= lease.q()
     if not condition:
         return 0
-    return Job.objects.using(dialect.using).filter(condition).update(
-        lease_expires=DbNow() + _seconds(lease_ttl), heartbeat_at=DbNow()
+    return (
+        Job.objects.using(dialect.using)
+        .filter(condition)
+        .update(lease_expires=DbNow() + _seconds(lease_ttl), heartbeat_at=DbNow())
     )
 
 
@@ -167,7 +169,7 @@ def _notify_on_commit(dialect: Dialect, queue: str) -> None:
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     """Return the delay before retry number `attempt`: exponential, capped, with +-25% jitter."""
     delay = min(cap, base * (2 ** max(0, attempt - 1)))
-    return delay * random.uniform(0.75, 1.25)
+    return float(delay * random.uniform(0.75, 1.25))
 
 
 def fail(
@@ -208,10 +210,14 @@ def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
         condition |= lease.q()
     if not condition:
         return 0
-    return Job.objects.using(dialect.using).filter(condition).update(
-        state=Job.State.READY,
-        attempts=F("attempts") - 1,
-        lease_owner=None,
-        lease_expires=None,
-        updated_at=DbNow(),
+    return (
+        Job.objects.using(dialect.using)
+        .filter(condition)
+        .update(
+            state=Job.State.READY,
+            attempts=F("attempts") - 1,
+            lease_owner=None,
+            lease_expires=None,
+            updated_at=DbNow(),
+        )
     )

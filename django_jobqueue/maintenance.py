@@ -69,4 +69,3 @@ def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
         .delete()
     )
     return deleted
-

@@ -56,9 +56,7 @@ class Job(models.Model):
     type = models.CharField(_("handler key"), max_length=200)
     args = models.JSONField(_("arguments"), default=dict)
     result = models.JSONField(_("result"), null=True, blank=True)
-    state = models.CharField(
-        _("state"), max_length=16, choices=State.choices, default=State.READY
-    )
+    state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.READY)
     attempts = models.IntegerField(_("attempts"), default=0)
     max_attempts = models.IntegerField(_("max attempts"), default=3)
     queue = models.CharField(_("queue"), max_length=100, default="default")
@@ -75,7 +73,9 @@ class Job(models.Model):
     )
     run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
-    lease_owner = models.CharField(_("lease owner"), max_length=255, null=True, blank=True)
+    lease_owner = models.CharField(  # noqa: DJ001 - NULL, not "", when no lease is held
+        _("lease owner"), max_length=255, null=True, blank=True
+    )
     lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
     last_error = models.JSONField(_("last error"), null=True, blank=True)
@@ -123,7 +123,9 @@ class Job(models.Model):
                     state__in=["waiting", "ready", "leased", "running", "done", "dead", "cancelled"]
                 ),
             ),
-            models.CheckConstraint(name="jobqueue_job_attempts_gte_0", condition=Q(attempts__gte=0)),
+            models.CheckConstraint(
+                name="jobqueue_job_attempts_gte_0", condition=Q(attempts__gte=0)
+            ),
             models.CheckConstraint(
                 name="jobqueue_job_max_attempts_gt_0", condition=Q(max_attempts__gt=0)
             ),
@@ -152,9 +154,7 @@ class JobDependency(models.Model):
     """An edge of the dependency graph: `job` runs only after `depends_on` is done."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upstream_edges")
-    depends_on = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="downstream_edges"
-    )
+    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="downstream_edges")
 
     class Meta:
         verbose_name = _("job dependency")
@@ -187,4 +187,3 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
-

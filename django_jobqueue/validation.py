@@ -60,10 +60,8 @@ def _first_unserializable(value: Any, path: str) -> str | None:
     return None
 
 
-def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
-    """Return `value` if it is an integer >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return None
+def check_positive_int(name: str, value: Any) -> int:
+    """Return `value` if it is an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidJobError(f"{name} must be an integer >= 1, not {value!r}.")
     return value

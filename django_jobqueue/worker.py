@@ -147,8 +147,12 @@ class JobWorker:
             self._install_signals()
         logger.info(
             "Worker %s starting: database=%s (%s), claim=%s, queues=%s, concurrency=%s",
-            self.worker_id, self.dialect.using, self.dialect.describe(),
-            self.dialect.claim_strategy, ",".join(self.queues) or "all", self.concurrency,
+            self.worker_id,
+            self.dialect.using,
+            self.dialect.describe(),
+            self.dialect.claim_strategy,
+            ",".join(self.queues) or "all",
+            self.concurrency,
         )
         self._register()
         self._executor = _Executor(self._execute, self.concurrency)
@@ -217,7 +221,8 @@ class JobWorker:
         if self._executor.hung() >= self.conf.max_abandoned_threads:
             logger.error(
                 "%s timed-out jobs are still stuck in their threads; stopping so the process "
-                "can be restarted", len(self._executor.abandoned),
+                "can be restarted",
+                len(self._executor.abandoned),
             )
             self.exit_code = EXIT_TOO_MANY_HUNG
             self.stop()
@@ -316,7 +321,8 @@ class JobWorker:
             released = leases.release(self.dialect, [f.lease for f in left])
             logger.warning(
                 "Shutdown timeout: released %s unfinished job(s) back to ready: %s",
-                released, ", ".join(str(f.job.pk) for f in left),
+                released,
+                ", ".join(str(f.job.pk) for f in left),
             )
 
     def _register(self) -> None:

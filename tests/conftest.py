@@ -33,13 +33,19 @@ class WorkerProcess:
     """A `manage.py jobqueue_worker` subprocess on the test database."""
 
     def __init__(self, args: list[str], log: Path) -> None:
-        env = {**os.environ, "JOBQUEUE_TEST_SUBPROCESS": "1",
-               "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        env = {
+            **os.environ,
+            "JOBQUEUE_TEST_SUBPROCESS": "1",
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+        }
         self.log_path = log
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "jobqueue_worker", *args],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -53,9 +59,11 @@ class WorkerProcess:
     def wait(self, timeout: float = 120.0) -> int:
         try:
             return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.kill()
-            raise AssertionError(f"worker did not exit within {timeout}s:\n{self.output()}")
+            raise AssertionError(
+                f"worker did not exit within {timeout}s:\n{self.output()}"
+            ) from exc
 
     def kill(self) -> None:
         if self.proc.poll() is None:

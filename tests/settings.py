@@ -12,7 +12,7 @@ STATE_DIR = Path(os.environ.get("JOBQUEUE_TEST_STATE", BASE_DIR / ".test-state")
 STATE_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
-DATABASE_URL = env.str("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'jobqueue.sqlite3'}")
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'jobqueue.sqlite3'}"
 _db = env.db_url_config(DATABASE_URL)
 _engine = _db["ENGINE"]
 if _engine.endswith("sqlite3"):

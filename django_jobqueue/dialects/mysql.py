@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import DatabaseError
 
 from ..exceptions import UnsupportedDatabaseError
@@ -30,7 +32,7 @@ class MySQLDialect(Dialect):
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
 
     def check_server(self) -> None:
-        conn = self.connection
+        conn: Any = self.connection
         conn.ensure_connection()
         problem = version_error(conn.mysql_is_mariadb, conn.mysql_version)
         if problem:
@@ -41,7 +43,7 @@ class MySQLDialect(Dialect):
                 "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
                 ["django_jobqueue_job"],
             )
-            row = cursor.fetchone()
+            row: Any = cursor.fetchone()
         if row is not None and str(row[0]).upper() != "INNODB":
             raise UnsupportedDatabaseError(
                 f"Table django_jobqueue_job uses the {row[0]} engine; row locks and "
@@ -49,7 +51,7 @@ class MySQLDialect(Dialect):
             )
 
     def describe(self) -> str:
-        conn = self.connection
+        conn: Any = self.connection
         conn.ensure_connection()
         flavour = "MariaDB" if conn.mysql_is_mariadb else "MySQL"
         return f"{flavour} {conn.mysql_server_info}"
@@ -64,5 +66,5 @@ class MySQLDialect(Dialect):
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
     def is_transient(self, exc: BaseException) -> bool:
-        args = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())
+        args: Any = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())
         return isinstance(exc, DatabaseError) and bool(args) and args[0] in _TRANSIENT_CODES

@@ -36,7 +36,7 @@ class SQLiteDialect(Dialect):
     def _atomic(self) -> Iterator[None]:
         # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another
         # connection wrote in between; BEGIN IMMEDIATE reserves the write lock before the read.
-        conn = self.connection
+        conn: Any = self.connection
         if conn.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
         previous = conn.transaction_mode

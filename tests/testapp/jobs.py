@@ -29,8 +29,11 @@ def record(ctx: jobqueue.JobContext, sleep: float = 0.0, value: Any = None) -> A
     if sleep:
         time.sleep(sleep)
     RunRecord.objects.create(
-        job_id=ctx.job_id, attempt=ctx.attempt, worker_pid=os.getpid(),
-        started=started, finished=time.time(),
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        worker_pid=os.getpid(),
+        started=started,
+        finished=time.time(),
     )
     return value
 

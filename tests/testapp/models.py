@@ -6,6 +6,9 @@ class Order(models.Model):
 
     number = models.CharField(max_length=50)
 
+    def __str__(self) -> str:
+        return self.number
+
 
 class RunRecord(models.Model):
     """One handler run, unique per (job, attempt): a second run of an attempt fails to insert."""
@@ -20,3 +23,6 @@ class RunRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job_id", "attempt"], name="testapp_run_once")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt}"

@@ -40,33 +40,66 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--concurrency", type=_positive(int), default=1,
-                            help="Jobs in flight at once in this process, each in a thread "
-                                 "(default: 1).")
-        parser.add_argument("--queue", action="append", dest="queues", default=[],
-                            metavar="NAME",
-                            help="Only claim jobs from this queue; repeat for several "
-                                 "(default: all queues).")
-        parser.add_argument("--poll-interval", type=_positive(float), metavar="SECONDS",
-                            help="Seconds to wait between polls when idle, +-20%% jitter "
-                                 "(default: JOBQUEUE['POLL_INTERVAL'], 1.0).")
-        parser.add_argument("--lease-ttl", type=_positive(float), metavar="SECONDS",
-                            help="Seconds a claim stays valid without a heartbeat; another "
-                                 "worker reclaims it after (default: JOBQUEUE['LEASE_TTL'], 30).")
-        parser.add_argument("--heartbeat-interval", type=_positive(float), metavar="SECONDS",
-                            help="Seconds between lease renewals, at most half the lease TTL "
-                                 "(default: JOBQUEUE['HEARTBEAT_INTERVAL'], 10).")
-        parser.add_argument("--shutdown-timeout", type=_non_negative, metavar="SECONDS",
-                            help="On SIGTERM/SIGINT, seconds to let in-flight jobs finish "
-                                 "before releasing them back to ready "
-                                 "(default: JOBQUEUE['SHUTDOWN_TIMEOUT'], 30).")
-        parser.add_argument("--burst", action="store_true",
-                            help="Exit with status 0 once nothing is runnable and nothing is "
-                                 "in flight (for scripts, tests and cron).")
-        parser.add_argument("--max-jobs", type=_positive(int), metavar="N",
-                            help="Exit after claiming N jobs and finishing them.")
-        parser.add_argument("--worker-id", metavar="NAME",
-                            help="This worker's lease owner name (default: host:pid:random).")
+        parser.add_argument(
+            "--concurrency",
+            type=_positive(int),
+            default=1,
+            help="Jobs in flight at once in this process, each in a thread (default: 1).",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            default=[],
+            metavar="NAME",
+            help="Only claim jobs from this queue; repeat for several (default: all queues).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_positive(float),
+            metavar="SECONDS",
+            help="Seconds to wait between polls when idle, +-20%% jitter "
+            "(default: JOBQUEUE['POLL_INTERVAL'], 1.0).",
+        )
+        parser.add_argument(
+            "--lease-ttl",
+            type=_positive(float),
+            metavar="SECONDS",
+            help="Seconds a claim stays valid without a heartbeat; another "
+            "worker reclaims it after (default: JOBQUEUE['LEASE_TTL'], 30).",
+        )
+        parser.add_argument(
+            "--heartbeat-interval",
+            type=_positive(float),
+            metavar="SECONDS",
+            help="Seconds between lease renewals, at most half the lease TTL "
+            "(default: JOBQUEUE['HEARTBEAT_INTERVAL'], 10).",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=_non_negative,
+            metavar="SECONDS",
+            help="On SIGTERM/SIGINT, seconds to let in-flight jobs finish "
+            "before releasing them back to ready "
+            "(default: JOBQUEUE['SHUTDOWN_TIMEOUT'], 30).",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Exit with status 0 once nothing is runnable and nothing is "
+            "in flight (for scripts, tests and cron).",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive(int),
+            metavar="N",
+            help="Exit after claiming N jobs and finishing them.",
+        )
+        parser.add_argument(
+            "--worker-id",
+            metavar="NAME",
+            help="This worker's lease owner name (default: host:pid:random).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _ensure_logging(options["verbosity"])

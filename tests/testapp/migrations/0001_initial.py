@@ -4,32 +4,42 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.CharField(max_length=50)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.CharField(max_length=50)),
             ],
         ),
         migrations.CreateModel(
-            name='RunRecord',
+            name="RunRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField()),
-                ('attempt', models.IntegerField()),
-                ('worker_pid', models.IntegerField(default=0)),
-                ('started', models.FloatField(default=0.0)),
-                ('finished', models.FloatField(default=0.0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField()),
+                ("attempt", models.IntegerField()),
+                ("worker_pid", models.IntegerField(default=0)),
+                ("started", models.FloatField(default=0.0)),
+                ("finished", models.FloatField(default=0.0)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('job_id', 'attempt'), name='testapp_run_once')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("job_id", "attempt"), name="testapp_run_once")
+                ],
             },
         ),
     ]
