@@ -12,6 +12,9 @@ STATE_DIR = Path(os.environ.get("JOBQUEUE_TEST_STATE", BASE_DIR / ".test-state")
 STATE_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
+# One test database per pytest run, so that concurrent runs never drop each other's database;
+# os.environ carries the id to the worker subprocesses that a run starts.
+RUN_ID = os.environ.setdefault("JOBQUEUE_TEST_RUN_ID", str(os.getpid()))
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'jobqueue.sqlite3'}"
 _db = env.db_url_config(DATABASE_URL)
 _engine = _db["ENGINE"]
@@ -20,13 +23,15 @@ if _engine.endswith("sqlite3"):
         {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
     )
     # A file, never :memory:: worker subprocesses must see the same database.
-    _db["TEST"] = {"NAME": str(Path(_db["NAME"]).with_name("test_" + Path(_db["NAME"]).name))}
+    _db["TEST"] = {"NAME": str(STATE_DIR / f"test_{RUN_ID}.sqlite3")}
 elif _engine.endswith("mysql"):
     _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+if not _engine.endswith("sqlite3"):
+    _db.setdefault("TEST", {})["NAME"] = f"test_{_db['NAME']}_{RUN_ID}"
 # Worker subprocesses started by the tests connect straight to the test database.
 if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
-    _db["NAME"] = _db.get("TEST", {}).get("NAME") or "test_" + _db["NAME"]
+    _db["NAME"] = _db["TEST"]["NAME"]
 DATABASES = {"default": _db}
 
 SECRET_KEY = "tests-only-not-secret"
