@@ -10,8 +10,9 @@ PYTEST_ARGS ?=
 .PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql docs demo clean
 
 $(BIN)/.installed: pyproject.toml
-	@test -n "$(PYTHON)" || { .ci/find-python; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	@if [ ! -x $(BIN)/python ]; then \
+		test -n "$(PYTHON)" || { .ci/find-python; exit 1; }; \
+		echo "$(PYTHON) -m venv $(VENV)"; $(PYTHON) -m venv $(VENV); fi
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $@

@@ -1,0 +1,1 @@
+"""Settings, URLs and WSGI entry point of the example project."""

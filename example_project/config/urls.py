@@ -1,0 +1,10 @@
+"""URLs: only the admin, where the queue's jobs and workers can be browsed."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]
