@@ -10,6 +10,7 @@ from .exceptions import (
     InvalidArgumentsError,
     InvalidDependencyError,
     InvalidJobError,
+    JobCancelled,
     JobQueueError,
     JobTimeout,
     LeaseExpired,
@@ -17,12 +18,15 @@ from .exceptions import (
     Retry,
     UnknownHandlerError,
     UnsupportedDatabaseError,
+    UpstreamFailed,
 )
 from .registry import handler
 
 if TYPE_CHECKING:
     from .context import JobContext
+    from .control import cancel, container, retry
     from .enqueuing import enqueue
+    from .graph import Graph, enqueue_many, graph
 
 try:
     __version__ = version("django-jobqueue")
@@ -31,9 +35,11 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "Fail",
+    "Graph",
     "InvalidArgumentsError",
     "InvalidDependencyError",
     "InvalidJobError",
+    "JobCancelled",
     "JobContext",
     "JobQueueError",
     "JobTimeout",
@@ -42,20 +48,34 @@ __all__ = [
     "Retry",
     "UnknownHandlerError",
     "UnsupportedDatabaseError",
+    "UpstreamFailed",
+    "cancel",
+    "container",
     "enqueue",
+    "enqueue_many",
+    "graph",
     "handler",
+    "retry",
 ]
+
+# Loaded on first use: they import the models, which need the app registry, and
+# `import django_jobqueue` must work in settings and in jobs.py at import time.
+_LAZY = {
+    "enqueue": "enqueuing",
+    "JobContext": "context",
+    "cancel": "control",
+    "container": "control",
+    "retry": "control",
+    "Graph": "graph",
+    "enqueue_many": "graph",
+    "graph": "graph",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # enqueue and JobContext import the models, which need the app registry: load them lazily
-    # so that `import django_jobqueue` works in settings and in jobs.py at import time.
-    if name == "enqueue":
-        from .enqueuing import enqueue
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
+    from importlib import import_module
 
-        return enqueue
-    if name == "JobContext":
-        from .context import JobContext
-
-        return JobContext
-    raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

@@ -26,6 +26,10 @@ class JobQueueSettings:
     reclaim_interval: float = 1.0  # seconds between stale-lease sweeps of one worker
     reclaim_batch: int = 100  # rows one sweep moves at most
     max_abandoned_threads: int = 3  # timed-out threads a worker tolerates before restarting
+    group_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> max running
+    queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
+    dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
+    fair_share_refresh: float = 1.0  # seconds a worker reuses its view of the ready groups
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
@@ -64,6 +68,7 @@ def _validate(conf: JobQueueSettings) -> None:
         "retry_backoff",
         "retry_backoff_max",
         "reclaim_interval",
+        "fair_share_refresh",
     ):
         positive(name)
     positive("timeout", allow_none=True)
@@ -73,6 +78,21 @@ def _validate(conf: JobQueueSettings) -> None:
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be an integer >= 1.")
     if not isinstance(conf.shutdown_timeout, int | float) or conf.shutdown_timeout < 0:
         raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number >= 0.")
+    for name in ("group_limits", "queue_limits"):
+        limits = getattr(conf, name)
+        if not isinstance(limits, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in limits.items()
+        ):
+            raise ImproperlyConfigured(
+                f"JOBQUEUE[{name.upper()!r}] must map names to integers >= 1."
+            )
+    if conf.dynamic_limit is not None and not (
+        callable(conf.dynamic_limit) or isinstance(conf.dynamic_limit, str)
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['DYNAMIC_LIMIT'] must be a callable or the dotted path of one."
+        )
     if conf.heartbeat_interval * 2 > conf.lease_ttl:
         raise ImproperlyConfigured(
             "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "

@@ -38,6 +38,17 @@ class JobContext:
         )
         return dict(upstream.values_list("pk", "result"))
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether cancellation of this job was requested (asks the database each time)."""
+        from .models import Job
+
+        return (
+            Job.objects.using(self._dialect.using)
+            .filter(pk=self.job.pk, cancel_requested=True)
+            .exists()
+        )
+
     def renew_lease(self) -> bool:
         """Push back this attempt's lease deadline now; False if the lease was lost."""
         lease = leases.Lease(self.job_id, self.worker_id, self.attempt)

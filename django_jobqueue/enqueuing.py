@@ -1,4 +1,4 @@
-"""enqueue(): validate, then write a job (and its dependency edges) in the caller's transaction."""
+"""enqueue(): validate, then write a job and its edges in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 
 from . import conf, registry, validation, wake
@@ -31,14 +31,48 @@ def enqueue(
     run_after: dt.datetime | dt.timedelta | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    unique_key: str | None = None,
 ) -> Job:
     """Create a job for handler `type`, runnable once every job in `depends_on` is done.
 
     The row is written in the caller's current transaction on the queue database, so it
     commits or rolls back with the caller's own writes. When the caller's open transaction is
     on another database, the write waits for that transaction's commit (and the returned job
-    is saved then). Every check runs before anything is written.
+    is saved then). Every check runs before anything is written. With `unique_key`, while an
+    unfinished job holds the same key, that job is returned and nothing is inserted.
     """
+    using = conf.get().database
+    job, delay = _build(
+        type, args, group=group, weight=weight, priority=priority, queue=queue,
+        run_after=run_after, max_attempts=max_attempts, timeout=timeout, unique_key=unique_key,
+    )  # fmt: skip
+    upstream_ids = _ids(depends_on, using, "depends_on")
+    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+
+    other = _open_transaction_elsewhere(using)
+    if other is not None:
+        _check_refs(using, upstream_ids, parent_id, lock=False)
+        transaction.on_commit(
+            lambda: _write(job, using, upstream_ids, parent_id, delay), using=other
+        )
+        return job
+    return _write(job, using, upstream_ids, parent_id, delay)
+
+
+def _build(
+    type: str,
+    args: dict[str, Any] | None,
+    *,
+    group: str,
+    weight: int,
+    priority: int,
+    queue: str | None,
+    run_after: dt.datetime | dt.timedelta | None,
+    max_attempts: int | None,
+    timeout: float | dt.timedelta | None,
+    unique_key: str | None = None,
+) -> tuple[Job, dt.datetime | dt.timedelta | None]:
+    """Return an unsaved, fully validated Job and its run_after (absolute or relative)."""
     settings = conf.get()
     registry.get(type)  # raises UnknownHandlerError
     job = Job(
@@ -54,21 +88,13 @@ def enqueue(
             "max_attempts", settings.max_attempts if max_attempts is None else max_attempts
         ),
         timeout=validation.check_timeout(settings.timeout if timeout is None else timeout),
+        unique_key=None
+        if unique_key is None
+        else validation.check_label("unique_key", unique_key, 255),
     )
     delay = validation.check_run_after(run_after)
-    using = settings.database
-    upstream_ids = _ids(depends_on, using, "depends_on")
-    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
-
-    other = _open_transaction_elsewhere(using)
-    if other is not None:
-        _check_exist(using, upstream_ids, parent_id, lock=False)
-        transaction.on_commit(
-            lambda: _write(job, using, upstream_ids, parent_id, delay), using=other
-        )
-        return job
-    _write(job, using, upstream_ids, parent_id, delay)
-    return job
+    job.run_after = delay if isinstance(delay, dt.datetime) else None
+    return job, delay
 
 
 def _write(
@@ -77,36 +103,92 @@ def _write(
     upstream_ids: list[int],
     parent_id: int | None,
     delay: dt.datetime | dt.timedelta | None,
-) -> None:
+) -> Job:
     job.parent_id = parent_id
     if isinstance(delay, dt.timedelta):
         job.run_after = DbNow() + delay
-    else:
-        job.run_after = delay
-    if not upstream_ids and parent_id is None:
+    if not upstream_ids and parent_id is None and job.unique_key is None:
         job.state = Job.State.READY
         job.save(using=using, force_insert=True)  # one INSERT, in autocommit or not
     else:
-        with transaction.atomic(using=using, savepoint=False):
-            states = _check_exist(using, upstream_ids, parent_id, lock=True)
+        # Not savepoint=False: when the locked check below raises (a missing or unusable
+        # upstream or parent), the savepoint keeps the caller's open transaction usable
+        # instead of marking it for rollback.
+        with transaction.atomic(using=using):
+            states = _check_refs(using, upstream_ids, parent_id, lock=True)
             waiting = any(s != Job.State.DONE for s in states.values())
             job.state = Job.State.WAITING if waiting else Job.State.READY
-            job.save(using=using, force_insert=True)
+            if job.unique_key is not None:
+                existing = _insert_unique(job, using)
+                if existing is not None:
+                    return existing
+            else:
+                job.save(using=using, force_insert=True)
             JobDependency.objects.using(using).bulk_create(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )
     if isinstance(delay, dt.timedelta):
         job.refresh_from_db(using=using, fields=["run_after"])
     transaction.on_commit(lambda: wake.notify(using, job.queue), using=using)
+    return job
 
 
-def _check_exist(
+def _insert_unique(job: Job, using: str) -> Job | None:
+    """Insert `job`, or return the unfinished job that already holds its unique key.
+
+    The database's unique index on (unique_key, unique_slot) decides races between producers:
+    the loser's INSERT fails (after waiting for the winner's commit) and it reads the winner.
+    """
+    dialect = get_dialect(using)
+    for _ in range(5):
+        try:
+            with transaction.atomic(using=using):
+                job.save(using=using, force_insert=True)
+            return None
+        except IntegrityError:
+            job.pk = None
+            job._state.adding = True
+            holder = dialect.lock_blocking(
+                Job.objects.using(using).filter(unique_key=job.unique_key, unique_slot=1)
+            ).first()
+            if holder is not None:
+                return holder
+    raise IntegrityError(f"could not insert or find a job with unique key {job.unique_key!r}")
+
+
+def create_container(
+    name: str, *, group: str = "", parent: JobRef | None = None, queue: str | None = None
+) -> Job:
+    """Create an open container job named `name` (used by `jobqueue.container`)."""
+    settings = conf.get()
+    using = settings.database
+    box = Job(
+        type=validation.check_label("container name", name, 200),
+        group_key=validation.check_label("group", group, 200, allow_empty=True),
+        queue=validation.check_label(
+            "queue", settings.default_queue if queue is None else queue, 100
+        ),
+        is_container=True,
+        sealed=False,
+        state=Job.State.WAITING,
+        max_attempts=1,
+    )
+    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+    with transaction.atomic(using=using, savepoint=False):
+        _check_refs(using, [], parent_id, lock=True)
+        box.parent_id = parent_id
+        box.save(using=using, force_insert=True)
+    return box
+
+
+def _check_refs(
     using: str, upstream_ids: list[int], parent_id: int | None, *, lock: bool
 ) -> dict[int, str]:
-    """Return {id: state} of the upstream jobs, raising if one of them or the parent is missing.
+    """Return {id: state} of the upstream jobs, raising if a reference is missing or unusable.
 
-    With `lock`, the upstream rows stay locked until the transaction ends, so an upstream that
-    finishes concurrently sees this job's edge when it promotes its downstream jobs.
+    With `lock`, the referenced rows stay locked until the transaction ends, so an upstream
+    that finishes concurrently sees this job's edge when it promotes its downstream jobs, and
+    a container cannot roll up while a child is being added.
     """
     wanted = set(upstream_ids) | ({parent_id} if parent_id is not None else set())
     if not wanted:
@@ -114,17 +196,28 @@ def _check_exist(
     qs: Any = Job.objects.using(using).filter(pk__in=wanted).order_by("pk")
     if lock:
         qs = get_dialect(using).lock_blocking(qs)
-    found = dict(qs.values_list("pk", "state"))
+    found = {pk: (state, box, sealed) for pk, state, box, sealed in
+             qs.values_list("pk", "state", "is_container", "sealed")}  # fmt: skip
     missing = sorted(wanted - found.keys())
     if missing:
         raise InvalidDependencyError(
             f"Job(s) {missing} do not exist on database {using!r}; a job can only depend on "
             "(or belong to) jobs that already exist."
         )
-    return {pk: state for pk, state in found.items() if pk in upstream_ids}
+    if parent_id is not None:
+        state, box, sealed = found[parent_id]
+        if not box:
+            raise InvalidDependencyError(f"parent: job {parent_id} is not a container.")
+        if sealed or state in Job.TERMINAL_STATES:
+            raise InvalidDependencyError(
+                f"parent: container {parent_id} is sealed; it takes no more children."
+            )
+    return {pk: found[pk][0] for pk in upstream_ids}
 
 
 def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:
+    if isinstance(refs, Model | str | bytes | int) or not isinstance(refs, Iterable):
+        raise InvalidDependencyError(f"{what} must be a list of jobs or job ids, not {refs!r}.")
     ids: list[int] = []
     for ref in refs:
         if isinstance(ref, Job):
@@ -142,9 +235,7 @@ def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:
             raise InvalidDependencyError(f"{what} must be jobs, not {type(ref).__name__}.")
         else:
             raise InvalidDependencyError(f"{what} must be jobs or job ids, not {ref!r}.")
-    if len(set(ids)) != len(ids):
-        ids = list(dict.fromkeys(ids))
-    return ids
+    return list(dict.fromkeys(ids))
 
 
 def _open_transaction_elsewhere(using: str) -> str | None:

@@ -73,3 +73,11 @@ class LeaseExpired(JobQueueError):
 
 class WorkerShutdown(JobQueueError):
     """A worker shut down before the job finished; the job was released, no attempt charged."""
+
+
+class UpstreamFailed(JobQueueError):
+    """An upstream job (or a container's child) ended dead or cancelled, so this job cannot run."""
+
+
+class JobCancelled(JobQueueError):
+    """The job was cancelled while it ran; its result was discarded."""

@@ -62,48 +62,30 @@ def record_failure(
     """Fail the attempt: retry later (backoff, or as `Retry` asked) or mark it dead."""
     job, lease = flight.job, flight.lease
     error = error_info(exc, lease.attempt)
-    exhausted = lease.attempt >= job.max_attempts
     duration = time.monotonic() - flight.started
-    if isinstance(exc, Fail | UnknownHandlerError) or exhausted:
-        state = leases.fail(dialect, lease, error, dead=True)
-        if state is not None:
-            logger.error(
-                "Job id=%s type=%s attempt=%s died after %.3fs: %s: %s",
-                job.pk,
-                job.type,
-                lease.attempt,
-                duration,
-                error["type"],
-                exc,
-            )
+    if isinstance(exc, Fail | UnknownHandlerError) or lease.attempt >= job.max_attempts:
+        state = leases.fail(dialect, lease, error, dead=True, parent_id=job.parent_id)
+        when = ""
     elif isinstance(exc, Retry):
-        state = leases.fail(dialect, lease, error, retry_in=exc.delay or 0.0, retry_at=exc.at)
-        if state is not None:
-            logger.info(
-                "Job id=%s type=%s attempt=%s asked to retry (delay=%s at=%s) after %.3fs",
-                job.pk,
-                job.type,
-                lease.attempt,
-                exc.delay,
-                exc.at,
-                duration,
-            )
+        state = leases.fail(
+            dialect, lease, error, retry_in=exc.delay, retry_at=exc.at, parent_id=job.parent_id
+        )
+        when = f" (retry asked for: delay={exc.delay} at={exc.at})"
     else:
         delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
-        state = leases.fail(dialect, lease, error, retry_in=delay)
-        if state is not None:
-            logger.warning(
-                "Job id=%s type=%s attempt=%s failed after %.3fs, retry in %.1fs: %s: %s",
-                job.pk,
-                job.type,
-                lease.attempt,
-                duration,
-                delay,
-                error["type"],
-                exc,
-            )
+        state = leases.fail(dialect, lease, error, retry_in=delay, parent_id=job.parent_id)
+        when = f", retry in {delay:.1f}s"
     if state is None:
         _log_lost(flight)
+        return
+    verb = {"ready": "failed", "dead": "died", "cancelled": "was cancelled"}.get(state, state)
+    level = logging.ERROR if state == "dead" else logging.WARNING
+    logger.log(
+        level,
+        "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s: %s",
+        job.pk, job.type, lease.attempt, verb, duration, when if state == "ready" else "",
+        error["type"], exc,
+    )  # fmt: skip
 
 
 def _log_lost(flight: InFlight) -> None:
@@ -120,7 +102,10 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
     flight.thread_id = threading.get_ident()
     job, lease = flight.job, flight.lease
     try:
-        if not leases.start(dialect, lease):
+        # Retried like the other lease writes: this thread's connection may have been idle
+        # since its last job and dropped by the server meanwhile; without a retry the job
+        # would sit leased until its lease expired. start() is fenced, so a repeat is safe.
+        if not _with_retries(lambda: leases.start(dialect, lease), flight):
             flight.settle()
             _log_lost(flight)
             return
@@ -140,16 +125,16 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
             return
         if not flight.settle():
             return  # timed out meanwhile: the late result is fenced off
-        if _with_retries(lambda: leases.finish(dialect, lease, result), flight):
-            logger.info(
-                "Job id=%s type=%s attempt=%s done in %.3fs",
-                job.pk,
-                job.type,
-                lease.attempt,
-                time.monotonic() - flight.started,
-            )
-        else:
+        state = _with_retries(
+            lambda: leases.finish(dialect, lease, result, parent_id=job.parent_id), flight
+        )
+        if state is None:
             _log_lost(flight)
+        else:
+            logger.info(
+                "Job id=%s type=%s attempt=%s %s in %.3fs",
+                job.pk, job.type, lease.attempt, state, time.monotonic() - flight.started,
+            )  # fmt: skip
     except (DatabaseError, InterfaceError):
         logger.exception("Could not record the outcome of job id=%s; its lease will expire", job.pk)
     finally:

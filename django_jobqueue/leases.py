@@ -13,14 +13,17 @@ import datetime as dt
 import logging
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import wake
+from . import workflows
 from .dialects import Dialect
 from .dialects.functions import DbNow
-from .models import Job, JobDependency
+from .models import Job
+
+if TYPE_CHECKING:
+    from .scheduling import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,13 @@ def _seconds(value: float) -> dt.timedelta:
 
 
 def claim(
-    dialect: Dialect, *, owner: str, queues: list[str], limit: int, lease_ttl: float
+    dialect: Dialect,
+    *,
+    owner: str,
+    queues: list[str],
+    limit: int,
+    lease_ttl: float,
+    scheduler: Scheduler | None = None,
 ) -> list[Job]:
     """Claim up to `limit` ready jobs for `owner` in one transaction.
 
@@ -59,8 +68,11 @@ def claim(
 
     def txn() -> list[Job]:
         jobs = Job.objects.using(dialect.using)
-        candidates = jobs.ready().in_queues(queues).order_by("-priority", "pk")
-        rows = list(dialect.lock(candidates)[:limit])
+        ready = jobs.ready().in_queues(queues)
+        if scheduler is None:
+            rows = list(dialect.lock(ready.order_by("-priority", "pk"))[:limit])
+        else:
+            rows = scheduler.select(dialect, ready, limit)
         if not rows:
             return []
         jobs.filter(pk__in=[r.pk for r in rows]).update(
@@ -103,67 +115,28 @@ def renew(dialect: Dialect, leases: Iterable[Lease], lease_ttl: float) -> int:
     )
 
 
-def finish(dialect: Dialect, lease: Lease, result: Any) -> bool:
-    """Store `result` and mark the job `done` atomically; release jobs that waited on it.
+def finish(
+    dialect: Dialect, lease: Lease, result: Any, *, parent_id: int | None = None
+) -> str | None:
+    """Store `result` and mark the job `done` atomically; the graph reacts in the same transaction.
 
-    Returns False (and writes nothing) when the lease is no longer current.
+    A job whose cancellation was requested while it ran ends `cancelled` and its result is
+    discarded. Returns the final state, or None (writing nothing) when the lease is lost.
     """
 
-    def txn() -> bool:
+    def txn() -> str | None:
         jobs = Job.objects.using(dialect.using)
-        updated = jobs.filter(lease.q()).update(
-            state=Job.State.DONE,
-            result=result,
-            lease_owner=None,
-            lease_expires=None,
-            finished_at=DbNow(),
-            updated_at=DbNow(),
-        )
-        if updated:
-            _promote_downstream(dialect, lease.job_id)
-        return bool(updated)
+        state = Job.State.DONE
+        if not jobs.filter(lease.q(), cancel_requested=False).update(
+            **workflows.terminal_values(state, result=result)
+        ):
+            state = Job.State.CANCELLED
+            if not jobs.filter(lease.q()).update(**workflows.terminal_values(state)):
+                return None
+        workflows.on_terminal(dialect, lease.job_id, state, parent_id)
+        return str(state)
 
     return dialect.run_in_transaction(txn)
-
-
-def _promote_downstream(dialect: Dialect, upstream_id: int) -> None:
-    """Flip the waiting downstream jobs of `upstream_id` whose upstreams are now all done.
-
-    The downstream rows are locked (in id order) before their upstreams are counted, so of two
-    upstreams finishing at once the later one sees the earlier one's commit and promotes.
-    """
-    jobs = Job.objects.using(dialect.using)
-    waiting = dialect.lock_blocking(
-        jobs.filter(
-            state=Job.State.WAITING,
-            pk__in=JobDependency.objects.using(dialect.using)
-            .filter(depends_on_id=upstream_id)
-            .values("job_id"),
-        ).order_by("pk")
-    )
-    candidates = list(waiting.values_list("pk", flat=True))
-    if not candidates:
-        return
-    still_blocked = set(
-        JobDependency.objects.using(dialect.using)
-        .filter(job_id__in=candidates)
-        .exclude(depends_on__state=Job.State.DONE)
-        .values_list("job_id", flat=True)
-    )
-    ready = [pk for pk in candidates if pk not in still_blocked]
-    if ready:
-        jobs.filter(pk__in=ready, state=Job.State.WAITING).update(
-            state=Job.State.READY, updated_at=DbNow()
-        )
-        queues = set(jobs.filter(pk__in=ready).values_list("queue", flat=True))
-        for queue in queues:
-            _notify_on_commit(dialect, queue)
-
-
-def _notify_on_commit(dialect: Dialect, queue: str) -> None:
-    from django.db import transaction
-
-    transaction.on_commit(lambda: wake.notify(dialect.using, queue), using=dialect.using)
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -180,27 +153,40 @@ def fail(
     retry_in: float | None = None,
     retry_at: dt.datetime | None = None,
     dead: bool = False,
+    parent_id: int | None = None,
 ) -> str | None:
     """Record a failed attempt: back to `ready` after a delay, or `dead`.
 
-    Returns the new state, or None when the lease is no longer current.
+    A job whose cancellation was requested ends `cancelled` instead. Returns the new state, or
+    None when the lease is no longer current.
     """
-    values: dict[str, Any] = {
-        "lease_owner": None,
-        "lease_expires": None,
-        "last_error": error,
-        "updated_at": DbNow(),
-    }
-    if dead:
-        values.update(state=Job.State.DEAD, finished_at=DbNow())
-    else:
-        values["state"] = Job.State.READY
-        if retry_at is not None:
-            values["run_after"] = retry_at
-        else:
-            values["run_after"] = DbNow() + _seconds(retry_in or 0.0)
-    updated = Job.objects.using(dialect.using).filter(lease.q()).update(**values)
-    return str(values["state"]) if updated else None
+
+    def txn() -> str | None:
+        jobs = Job.objects.using(dialect.using)
+        if jobs.filter(lease.q(), cancel_requested=True).update(
+            **workflows.terminal_values(Job.State.CANCELLED, last_error=error)
+        ):
+            workflows.on_terminal(dialect, lease.job_id, Job.State.CANCELLED, parent_id)
+            return str(Job.State.CANCELLED)
+        if dead:
+            if not jobs.filter(lease.q()).update(
+                **workflows.terminal_values(Job.State.DEAD, last_error=error)
+            ):
+                return None
+            workflows.on_terminal(dialect, lease.job_id, Job.State.DEAD, parent_id)
+            return str(Job.State.DEAD)
+        run_after = retry_at if retry_at is not None else DbNow() + _seconds(retry_in or 0.0)
+        updated = jobs.filter(lease.q()).update(
+            state=Job.State.READY,
+            run_after=run_after,
+            lease_owner=None,
+            lease_expires=None,
+            last_error=error,
+            updated_at=DbNow(),
+        )
+        return str(Job.State.READY) if updated else None
+
+    return dialect.run_in_transaction(txn)
 
 
 def release(dialect: Dialect, leases: Iterable[Lease]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from . import workflows
 from .dialects import Dialect
 from .dialects.functions import DbNow
 from .leases import backoff_seconds
@@ -27,32 +28,33 @@ def reclaim_expired(
         jobs = Job.objects.using(dialect.using)
         expired = list(
             dialect.lock(jobs.expired().order_by("lease_expires", "pk")).values_list(
-                "pk", "attempts", "max_attempts", "lease_owner"
+                "pk", "attempts", "max_attempts", "lease_owner", "parent_id", "cancel_requested"
             )[:batch]
         )
         moved: list[tuple[int, str]] = []
-        for pk, attempts, max_attempts, owner in expired:
+        for pk, attempts, max_attempts, owner, parent_id, cancel_requested in expired:
             error = {
                 "type": "django_jobqueue.exceptions.LeaseExpired",
                 "message": f"lease of worker {owner} expired during attempt {attempts}",
                 "traceback": "",
                 "attempt": attempts,
             }
-            common = {
-                "lease_owner": None,
-                "lease_expires": None,
-                "last_error": error,
-                "updated_at": DbNow(),
-            }
-            if attempts >= max_attempts:
-                jobs.filter(pk=pk).update(state=Job.State.DEAD, finished_at=DbNow(), **common)
-                moved.append((pk, Job.State.DEAD))
+            if cancel_requested or attempts >= max_attempts:
+                state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
+                jobs.filter(pk=pk).update(**workflows.terminal_values(state, last_error=error))
+                workflows.on_terminal(dialect, pk, state, parent_id)
             else:
+                state = Job.State.READY
                 delay = dt.timedelta(seconds=backoff_seconds(attempts, backoff, backoff_max))
                 jobs.filter(pk=pk).update(
-                    state=Job.State.READY, run_after=DbNow() + delay, **common
+                    state=state,
+                    run_after=DbNow() + delay,
+                    lease_owner=None,
+                    lease_expires=None,
+                    last_error=error,
+                    updated_at=DbNow(),
                 )
-                moved.append((pk, Job.State.READY))
+            moved.append((pk, state))
         return moved
 
     moved = dialect.run_in_transaction(txn)

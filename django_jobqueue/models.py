@@ -79,6 +79,23 @@ class Job(models.Model):
     lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
     last_error = models.JSONField(_("last error"), null=True, blank=True)
+    is_container = models.BooleanField(_("container"), default=False)
+    sealed = models.BooleanField(_("sealed"), default=False)  # a container takes no more children
+    cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+    cancelled_by = models.ForeignKey(
+        "self",
+        verbose_name=_("cancelled because of"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    unique_key = models.CharField(  # noqa: DJ001 - NULL: no key; "" would be a key
+        _("unique key"), max_length=255, null=True, blank=True
+    )
+    # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
+    # NULLs never collide, so a key is held by at most one unfinished job on every database.
+    unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)
@@ -130,6 +147,9 @@ class Job(models.Model):
                 name="jobqueue_job_max_attempts_gt_0", condition=Q(max_attempts__gt=0)
             ),
             models.CheckConstraint(name="jobqueue_job_weight_gt_0", condition=Q(weight__gt=0)),
+            models.UniqueConstraint(
+                fields=["unique_key", "unique_slot"], name="jobqueue_job_unique_key_live"
+            ),
             models.CheckConstraint(
                 name="jobqueue_job_timeout_gt_0",
                 condition=Q(timeout__isnull=True) | Q(timeout__gt=0),
@@ -187,3 +207,16 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ConcurrencyLimit(models.Model):
+    """A lock row per configured limit: claims that count against the limit serialize on it."""
+
+    key = models.CharField(_("limit"), max_length=255, primary_key=True)  # "group:x", "queue:y"
+
+    class Meta:
+        verbose_name = _("concurrency limit")
+        verbose_name_plural = _("concurrency limits")
+
+    def __str__(self) -> str:
+        return self.key

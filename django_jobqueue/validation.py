@@ -13,6 +13,9 @@ from django.utils import timezone
 
 from .exceptions import InvalidArgumentsError, InvalidJobError
 
+# The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
 
 def check_args(key: str, args: Any) -> dict[str, Any]:
     """Return `args` as a dict after checking it is a JSON object of JSON values."""
@@ -61,16 +64,18 @@ def _first_unserializable(value: Any, path: str) -> str | None:
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """Return `value` if it is an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidJobError(f"{name} must be an integer >= 1, not {value!r}.")
+    """Return `value` if it is an integer >= 1 that fits its column."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+        raise InvalidJobError(f"{name} must be an integer from 1 to {INT_MAX}, not {value!r}.")
     return value
 
 
 def check_int(name: str, value: Any) -> int:
-    """Return `value` if it is an integer."""
+    """Return `value` if it is an integer that fits its column."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobError(f"{name} must be an integer, not {value!r}.")
+    if not INT_MIN <= value <= INT_MAX:
+        raise InvalidJobError(f"{name} must be from {INT_MIN} to {INT_MAX}, not {value!r}.")
     return value
 
 

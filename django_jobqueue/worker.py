@@ -24,6 +24,7 @@ from .dialects.functions import DbNow
 from .exceptions import JobTimeout
 from .execution import InFlight, execute, record_failure
 from .models import Worker as WorkerRow
+from .scheduling import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class JobWorker:
         self.max_jobs = opts.max_jobs
         self.worker_id = opts.worker_id or default_worker_id()
         self.dialect = get_dialect(self.conf.database)
+        self.scheduler = Scheduler(self.conf)
         self.in_flight: dict[int, InFlight] = {}
         self.claimed = 0
         self.stopping = False
@@ -155,6 +157,7 @@ class JobWorker:
             self.concurrency,
         )
         self._register()
+        self.scheduler.ensure_limit_rows(self.dialect.using)
         self._executor = _Executor(self._execute, self.concurrency)
         try:
             self._loop()
@@ -238,6 +241,7 @@ class JobWorker:
             queues=self.queues,
             limit=free,
             lease_ttl=self.lease_ttl,
+            scheduler=self.scheduler,
         )
         started = time.monotonic()
         for job in jobs:

@@ -39,6 +39,10 @@ class SQLiteDialect(Dialect):
         conn: Any = self.connection
         if conn.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
+        # Connect first: Django sets `transaction_mode` from OPTIONS while connecting, so on a
+        # thread's fresh (or closed) connection the attribute is missing, or would be reset to
+        # the configured mode (DEFERRED by default) by the connect that atomic() performs.
+        conn.ensure_connection()
         previous = conn.transaction_mode
         conn.transaction_mode = "IMMEDIATE"
         try:

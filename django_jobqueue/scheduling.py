@@ -1,0 +1,214 @@
+"""Fair share and limits: which groups win this worker's free slots.
+
+The rule, applied slot by slot: among the groups that have ready work and are under their
+limits, give the next slot to the group with the smallest load, where a group's load is
+(jobs in flight in the whole database + slots given in this round) / weight. Ties go to a
+weighted random draw, so even a worker that takes one job at a time serves groups in
+proportion to their weights over many claims. A group that has nothing in flight has load 0
+and so wins a slot before any busy group gets a second one: with at least as many free slots
+as groups, every group with ready work gets at least one.
+
+A group's weight is the largest `weight` among its ready jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from django.db.models import Count, Max
+from django.utils.module_loading import import_string
+
+from .models import ConcurrencyLimit, Job, JobQuerySet
+
+if TYPE_CHECKING:
+    from .conf import JobQueueSettings
+    from .dialects import Dialect
+
+_rng = random.Random()
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDemand:
+    """One group's ready work as the claim sees it."""
+
+    group: str
+    weight: int
+    ready: int  # ready jobs visible (an upper bound on what the group can take)
+
+
+def plan(
+    free: int,
+    demand: list[GroupDemand],
+    in_flight: Mapping[str, int],
+    room: Mapping[str, int | None],
+    rng: random.Random | None = None,
+) -> dict[str, int]:
+    """Split `free` slots over the groups in `demand`; return {group: slots}.
+
+    `in_flight` counts running jobs per group across all workers; `room` says how many more
+    jobs each group may start under its limits (None: unlimited).
+    """
+    rng = rng or _rng
+    given: dict[str, int] = {}
+    open_groups = [d for d in demand if d.weight > 0 and d.ready > 0]
+    for _ in range(max(0, free)):
+        eligible = [
+            d
+            for d in open_groups
+            if given.get(d.group, 0) < d.ready
+            and (room.get(d.group) is None or given.get(d.group, 0) < (room[d.group] or 0))
+        ]
+        if not eligible:
+            break
+        loads = {
+            d.group: (in_flight.get(d.group, 0) + given.get(d.group, 0)) / d.weight
+            for d in eligible
+        }
+        lowest = min(loads.values())
+        tied = [d for d in eligible if loads[d.group] - lowest < 1e-9]
+        winner = (
+            rng.choices(tied, weights=[d.weight for d in tied])[0] if len(tied) > 1 else tied[0]
+        )
+        given[winner.group] = given.get(winner.group, 0) + 1
+    return given
+
+
+def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> int | None:
+    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit)."""
+    caps = [c for c in (None if limit is None else limit - in_flight, dynamic) if c is not None]
+    return max(0, min(caps)) if caps else None
+
+
+class Scheduler:
+    """Chooses, inside a claim transaction, which ready jobs this worker takes.
+
+    It keeps a view of the groups with ready work, refreshed at most every
+    FAIR_SHARE_REFRESH seconds (a new group waits at most that long for its first slot). With
+    one group and no limits it takes the best ready jobs in one query; otherwise it plans the
+    slots per group with `plan()`, after locking the row of every limit involved so that no
+    two workers can both see room for the same last slot.
+    """
+
+    def __init__(self, settings: JobQueueSettings) -> None:
+        self.group_limits = dict(settings.group_limits)
+        self.queue_limits = dict(settings.queue_limits)
+        dynamic = settings.dynamic_limit
+        self.dynamic: Callable[[str], int | None] | None = (
+            import_string(dynamic) if isinstance(dynamic, str) else dynamic
+        )
+        self.refresh = settings.fair_share_refresh
+        self._demand: list[GroupDemand] = []
+        self._demand_until = 0.0
+
+    def ensure_limit_rows(self, using: str) -> None:
+        """Create the lock rows of the configured limits (idempotent)."""
+        keys = [f"group:{g}" for g in self.group_limits] + [f"queue:{q}" for q in self.queue_limits]
+        if keys:
+            ConcurrencyLimit.objects.using(using).bulk_create(
+                [ConcurrencyLimit(key=k) for k in keys], ignore_conflicts=True
+            )
+
+    def select(self, dialect: Dialect, ready: JobQuerySet, limit: int) -> list[Job]:
+        """Lock and return up to `limit` jobs from `ready`, fairly and within the limits."""
+        ordered = ready.order_by("-priority", "pk")
+        demand = self._current_demand(ready)
+        simple = not (self.group_limits or self.queue_limits or self.dynamic)
+        if simple and len(demand) <= 1:
+            return list(dialect.lock(ordered)[:limit])
+        jobs = Job.objects.using(dialect.using)
+        groups = [d.group for d in demand]
+        self._lock_limits(dialect, groups)
+        in_flight = dict(
+            jobs.in_flight()
+            .filter(group_key__in=groups)
+            .values_list("group_key")
+            .annotate(n=Count("pk"))
+            .values_list("group_key", "n")
+        )
+        room = {
+            g: remaining(self.group_limits.get(g), in_flight.get(g, 0), self._dynamic(g))
+            for g in groups
+        }
+        queue_room = self._queue_room(jobs)
+        if queue_room:
+            full = [q for q, n in queue_room.items() if n <= 0]
+            ordered = ordered.exclude(queue__in=full)
+        slots = plan(limit, demand, in_flight, room)
+        rows: list[Job] = []
+        for group, n in slots.items():
+            rows += dialect.lock(ordered.filter(group_key=group))[:n]
+        if len(rows) < limit:
+            # Groups missing from the cached view (new since the last refresh) get the rest;
+            # limited groups are never taken this way.
+            self._demand_until = 0.0
+            extra = ordered.exclude(group_key__in=groups).exclude(
+                group_key__in=list(self.group_limits)
+            )
+            if self.dynamic is None:
+                rows += dialect.lock(extra)[: limit - len(rows)]
+        return _trim_to_queue_room(rows, queue_room)
+
+    def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
+        now = time.monotonic()
+        if now >= self._demand_until:
+            self._demand = [
+                GroupDemand(group, weight, count)
+                for group, weight, count in ready.order_by()
+                .values_list("group_key")
+                .annotate(w=Max("weight"), n=Count("pk"))
+                .values_list("group_key", "w", "n")
+            ]
+            self._demand_until = now + self.refresh
+        return self._demand
+
+    def _dynamic(self, group: str) -> int | None:
+        if self.dynamic is None:
+            return None
+        value = self.dynamic(group)
+        return None if value is None else max(0, int(value))
+
+    def _lock_limits(self, dialect: Dialect, groups: list[str]) -> None:
+        keys = sorted(
+            [f"group:{g}" for g in groups if g in self.group_limits]
+            + [f"queue:{q}" for q in self.queue_limits]
+        )
+        if keys:
+            # Blocking FOR UPDATE (not SKIP LOCKED): a second claimer must wait and then count
+            # the first one's committed claims, or both would see room for the same last slot.
+            list(
+                dialect.lock_blocking(
+                    ConcurrencyLimit.objects.using(dialect.using)
+                    .filter(key__in=keys)
+                    .order_by("key")
+                ).values_list("key", flat=True)
+            )
+
+    def _queue_room(self, jobs: JobQuerySet) -> dict[str, int]:
+        if not self.queue_limits:
+            return {}
+        running = dict(
+            jobs.in_flight()
+            .filter(queue__in=list(self.queue_limits))
+            .values_list("queue")
+            .annotate(n=Count("pk"))
+            .values_list("queue", "n")
+        )
+        return {q: limit - running.get(q, 0) for q, limit in self.queue_limits.items()}
+
+
+def _trim_to_queue_room(rows: list[Job], queue_room: dict[str, int]) -> list[Job]:
+    if not queue_room:
+        return rows
+    left = dict(queue_room)
+    kept = []
+    for row in rows:
+        if row.queue in left:
+            if left[row.queue] <= 0:
+                continue
+            left[row.queue] -= 1
+        kept.append(row)
+    return kept
