@@ -63,17 +63,16 @@ def record_failure(
     job, lease = flight.job, flight.lease
     error = error_info(exc, lease.attempt)
     duration = time.monotonic() - flight.started
+    where: dict[str, Any] = {"parent_id": job.parent_id, "previous_errors": job.errors}
     if isinstance(exc, Fail | UnknownHandlerError) or lease.attempt >= job.max_attempts:
-        state = leases.fail(dialect, lease, error, dead=True, parent_id=job.parent_id)
+        state = leases.fail(dialect, lease, error, dead=True, **where)
         when = ""
     elif isinstance(exc, Retry):
-        state = leases.fail(
-            dialect, lease, error, retry_in=exc.delay, retry_at=exc.at, parent_id=job.parent_id
-        )
+        state = leases.fail(dialect, lease, error, retry_in=exc.delay, retry_at=exc.at, **where)
         when = f" (retry asked for: delay={exc.delay} at={exc.at})"
     else:
         delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
-        state = leases.fail(dialect, lease, error, retry_in=delay, parent_id=job.parent_id)
+        state = leases.fail(dialect, lease, error, retry_in=delay, **where)
         when = f", retry in {delay:.1f}s"
     if state is None:
         _log_lost(flight)
@@ -105,7 +104,8 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
         # Retried like the other lease writes: this thread's connection may have been idle
         # since its last job and dropped by the server meanwhile; without a retry the job
         # would sit leased until its lease expired. start() is fenced, so a repeat is safe.
-        if not _with_retries(lambda: leases.start(dialect, lease), flight):
+        job.worker_ids = [*job.worker_ids, lease.owner]
+        if not _with_retries(lambda: leases.start(dialect, lease, job.worker_ids), flight):
             flight.settle()
             _log_lost(flight)
             return

@@ -92,12 +92,13 @@ def claim(
     return dialect.run_in_transaction(txn)
 
 
-def start(dialect: Dialect, lease: Lease) -> bool:
-    """Mark the leased job `running`; False when the lease was lost before it started."""
+def start(dialect: Dialect, lease: Lease, worker_ids: list[str] | None = None) -> bool:
+    """Mark the leased job `running` (recording `worker_ids`); False when the lease was lost."""
+    values: dict[str, Any] = {"state": Job.State.RUNNING, "started_at": DbNow()}
+    if worker_ids is not None:
+        values["worker_ids"] = worker_ids
     return bool(
-        Job.objects.using(dialect.using)
-        .filter(lease.q())
-        .update(state=Job.State.RUNNING, started_at=DbNow(), updated_at=DbNow())
+        Job.objects.using(dialect.using).filter(lease.q()).update(updated_at=DbNow(), **values)
     )
 
 
@@ -154,6 +155,7 @@ def fail(
     retry_at: dt.datetime | None = None,
     dead: bool = False,
     parent_id: int | None = None,
+    previous_errors: list[dict[str, Any]] | None = None,
 ) -> str | None:
     """Record a failed attempt: back to `ready` after a delay, or `dead`.
 
@@ -161,16 +163,18 @@ def fail(
     None when the lease is no longer current.
     """
 
+    errors = [*(previous_errors or []), error]
+
     def txn() -> str | None:
         jobs = Job.objects.using(dialect.using)
         if jobs.filter(lease.q(), cancel_requested=True).update(
-            **workflows.terminal_values(Job.State.CANCELLED, last_error=error)
+            **workflows.terminal_values(Job.State.CANCELLED, last_error=error, errors=errors)
         ):
             workflows.on_terminal(dialect, lease.job_id, Job.State.CANCELLED, parent_id)
             return str(Job.State.CANCELLED)
         if dead:
             if not jobs.filter(lease.q()).update(
-                **workflows.terminal_values(Job.State.DEAD, last_error=error)
+                **workflows.terminal_values(Job.State.DEAD, last_error=error, errors=errors)
             ):
                 return None
             workflows.on_terminal(dialect, lease.job_id, Job.State.DEAD, parent_id)
@@ -182,6 +186,7 @@ def fail(
             lease_owner=None,
             lease_expires=None,
             last_error=error,
+            errors=errors,
             updated_at=DbNow(),
         )
         return str(Job.State.READY) if updated else None

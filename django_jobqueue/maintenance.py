@@ -28,11 +28,17 @@ def reclaim_expired(
         jobs = Job.objects.using(dialect.using)
         expired = list(
             dialect.lock(jobs.expired().order_by("lease_expires", "pk")).values_list(
-                "pk", "attempts", "max_attempts", "lease_owner", "parent_id", "cancel_requested"
+                "pk",
+                "attempts",
+                "max_attempts",
+                "lease_owner",
+                "parent_id",
+                "cancel_requested",
+                "errors",
             )[:batch]
         )
         moved: list[tuple[int, str]] = []
-        for pk, attempts, max_attempts, owner, parent_id, cancel_requested in expired:
+        for pk, attempts, max_attempts, owner, parent_id, cancel_requested, errors in expired:
             error = {
                 "type": "django_jobqueue.exceptions.LeaseExpired",
                 "message": f"lease of worker {owner} expired during attempt {attempts}",
@@ -41,7 +47,9 @@ def reclaim_expired(
             }
             if cancel_requested or attempts >= max_attempts:
                 state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
-                jobs.filter(pk=pk).update(**workflows.terminal_values(state, last_error=error))
+                jobs.filter(pk=pk).update(
+                    **workflows.terminal_values(state, last_error=error, errors=[*errors, error])
+                )
                 workflows.on_terminal(dialect, pk, state, parent_id)
             else:
                 state = Job.State.READY
@@ -52,6 +60,7 @@ def reclaim_expired(
                     lease_owner=None,
                     lease_expires=None,
                     last_error=error,
+                    errors=[*errors, error],
                     updated_at=DbNow(),
                 )
             moved.append((pk, state))

@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .dialects.functions import DbNow
+from .dialects.indexes import ReadyIndex
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -79,6 +80,8 @@ class Job(models.Model):
     lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
     last_error = models.JSONField(_("last error"), null=True, blank=True)
+    errors = models.JSONField(_("errors"), default=list, blank=True)  # one per failed attempt
+    worker_ids = models.JSONField(_("workers"), default=list, blank=True)  # one per start
     is_container = models.BooleanField(_("container"), default=False)
     sealed = models.BooleanField(_("sealed"), default=False)  # a container takes no more children
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
@@ -106,9 +109,9 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
-        # The ready-set index is created by migration 0002, per database: partial on
-        # PostgreSQL and SQLite, composite on MySQL/MariaDB (no partial indexes there).
         indexes = [
+            # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.
+            ReadyIndex(fields=["-priority", "id"], name="jobqueue_job_ready"),
             models.Index(fields=["lease_expires"], name="jobqueue_job_lease_expires"),
             models.Index(fields=["state", "finished_at"], name="jobqueue_job_state_finished"),
         ]

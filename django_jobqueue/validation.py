@@ -37,8 +37,22 @@ def check_args(key: str, args: Any) -> dict[str, Any]:
     return dict(args)
 
 
+def _text_problem(text: str) -> str | None:
+    """Why a database cannot store `text` (PostgreSQL rejects both), or None."""
+    if "\x00" in text:
+        return "contains a NUL character, which databases cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid Unicode"
+    return None
+
+
 def _first_unserializable(value: Any, path: str) -> str | None:
-    if value is None or isinstance(value, bool | str | int):
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        return f"{path} {problem}" if problem else None
+    if value is None or isinstance(value, bool | int):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r} (not valid JSON)"
@@ -52,6 +66,9 @@ def _first_unserializable(value: Any, path: str) -> str | None:
         for k, item in value.items():
             if not isinstance(k, str):
                 return f"{path} has a non-string key {k!r}"
+            problem = _text_problem(k)
+            if problem:
+                return f"{path} has a key {k!r} that {problem}"
             found = _first_unserializable(item, f"{path}[{k!r}]")
             if found:
                 return found
@@ -98,6 +115,9 @@ def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = F
         raise InvalidJobError(f"{name} must be a non-empty string, not {value!r}.")
     if len(value) > max_length:
         raise InvalidJobError(f"{name} must be at most {max_length} characters.")
+    problem = _text_problem(value)
+    if problem:
+        raise InvalidJobError(f"{name} {problem}.")
     return value
 
 
