@@ -16,3 +16,16 @@ class JobQueueConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the checks
 
         autodiscover_modules("jobs")
+        if _uses_our_tasks_backend():
+            autodiscover_modules("tasks")  # @task functions register as they are defined
+
+
+def _uses_our_tasks_backend() -> bool:
+    """Whether settings.TASKS names JobQueueBackend (then tasks.py modules are discovered)."""
+    from django.conf import settings
+
+    backends = getattr(settings, "TASKS", {}) or {}
+    return any(
+        str(config.get("BACKEND", "")) == "django_jobqueue.backends.JobQueueBackend"
+        for config in backends.values()
+    )

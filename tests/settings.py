@@ -75,6 +75,13 @@ JOBQUEUE = {
     "POLL_INTERVAL": 0.05,
     "RECLAIM_INTERVAL": 0.2,
 }
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobqueue.backends.JobQueueBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_ATTEMPTS": 2},
+    }
+}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

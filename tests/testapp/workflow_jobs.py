@@ -1,0 +1,3 @@
+"""Handlers for the workflow tests (imported by jobs.py so that they are registered)."""
+
+from __future__ import annotations
