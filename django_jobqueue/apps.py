@@ -23,9 +23,23 @@ class JobQueueConfig(AppConfig):
 def _uses_our_tasks_backend() -> bool:
     """Whether settings.TASKS names JobQueueBackend (then tasks.py modules are discovered)."""
     from django.conf import settings
+    from django.utils.module_loading import import_string
 
-    backends = getattr(settings, "TASKS", {}) or {}
-    return any(
-        str(config.get("BACKEND", "")) == "django_jobqueue.backends.JobQueueBackend"
-        for config in backends.values()
-    )
+    from . import backends
+
+    configured = getattr(settings, "TASKS", {}) or {}
+    for config in configured.values():
+        path = str(config.get("BACKEND", ""))
+        if path == "django_jobqueue.backends.JobQueueBackend":
+            return True
+        # Fix: a project's subclass of JobQueueBackend is ours too; without discovery its
+        # worker processes had no handler for any task and marked every task job dead.
+        if not backends.HAS_TASKS:
+            continue
+        try:
+            backend_class = import_string(path)
+        except ImportError:
+            continue  # Django reports a backend it cannot import when the backend is used
+        if isinstance(backend_class, type) and issubclass(backend_class, backends.JobQueueBackend):
+            return True
+    return False

@@ -7,6 +7,7 @@ runs it through a handler registered when the task was defined. On Django 5.2, w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -125,11 +126,24 @@ if HAS_TASKS:
             if isinstance(run_after, dt.timedelta):
                 task = dataclasses.replace(task, run_after=None)  # validated at enqueue
             super().validate_task(task)
-            if isinstance(task, JobQueueTask) and task.weight is not None and task.weight < 1:
-                raise InvalidTask("weight must be at least 1.")
+            if isinstance(task, JobQueueTask):
+                if task.weight is not None and task.weight < 1:
+                    raise InvalidTask("weight must be at least 1.")
+                # Fix: max_attempts=0 and timeout=0 were taken for "not set" at enqueue (`or`)
+                # and silently became the backend's defaults; reject them like weight=0.
+                if isinstance(task.max_attempts, int) and task.max_attempts < 1:
+                    raise InvalidTask("max_attempts must be at least 1.")
+                timeout = task.timeout
+                if isinstance(timeout, dt.timedelta):
+                    timeout = timeout.total_seconds()
+                if isinstance(timeout, int | float) and timeout <= 0:
+                    raise InvalidTask("timeout must be positive.")
             self._register(task)
 
         def _register(self, task: Task[Any, Any]) -> None:
+            from django.tasks import task_backends
+            from django.utils.module_loading import import_string
+
             from . import registry
 
             key = task_key(self.alias, task.module_path)
@@ -137,6 +151,30 @@ if HAS_TASKS:
                 return
             self._tasks[key] = task
             registry.handler(key, takes_context=True)(_TaskRunner(self, task))
+            # Fix: task.using(backend=<another alias on this backend>) enqueues under that
+            # alias's key, but a worker process only imports the definitions (made for their
+            # own alias), so it had no handler and marked such jobs dead. Allowlist the task
+            # on every alias of this backend it is valid for.
+            for alias, params in task_backends.settings.items():
+                if alias == self.alias:
+                    continue
+                try:  # the class first: no other backend is built as a side effect
+                    backend_class = import_string(str(params.get("BACKEND", "")))
+                except ImportError:
+                    continue
+                if not (
+                    isinstance(backend_class, type) and issubclass(backend_class, JobQueueBackend)
+                ):
+                    continue
+                other = task_backends[alias]
+                if isinstance(other, JobQueueBackend) and (
+                    task_key(alias, task.module_path) in other._tasks
+                ):
+                    continue
+                # Validating the copy registers it there; one that is not valid there (its
+                # queue, say) cannot be enqueued there either.
+                with contextlib.suppress(InvalidTask):
+                    dataclasses.replace(task, backend=alias)
 
         # -- enqueue ----------------------------------------------------------------------
 
@@ -161,13 +199,16 @@ if HAS_TASKS:
                     "group": task.group or self.default_group,
                     "weight": task.weight,
                     "unique_key": task.unique_key,
-                    "max_attempts": task.max_attempts or self.default_max_attempts,
-                    "timeout": task.timeout or self.default_timeout,
+                    "max_attempts": self.default_max_attempts
+                    if task.max_attempts is None
+                    else task.max_attempts,
+                    "timeout": self.default_timeout if task.timeout is None else task.timeout,
                 }
             job = enqueue(
                 task_key(self.alias, task.module_path),
                 payload,
-                priority=task.priority,
+                # Fix: Django's validation accepts a whole float (5.0); the queue wants an int.
+                priority=int(task.priority),
                 queue=task.queue_name,
                 run_after=run_after,
                 **extra,
@@ -195,6 +236,19 @@ if HAS_TASKS:
             return self._result(task, job)
 
         def _result(self, task: Task[Any, Any], job: Job) -> TaskResult[Any, Any]:
+            # Fix: result.task is the task as this job was enqueued, read from the row. It was
+            # the registered task (whatever using() had changed lost on get_result), and after
+            # using(run_after=<timedelta>) the result's task kept the timedelta instead of the
+            # aware datetime the job runs after.
+            enqueued: dict[str, Any] = {
+                "priority": job.priority,
+                "queue_name": job.queue,
+                "run_after": job.run_after,
+            }
+            if any(getattr(task, name) != value for name, value in enqueued.items()):
+                # Not when it is no longer valid (its queue since removed from QUEUES, say).
+                with contextlib.suppress(InvalidTask):
+                    task = dataclasses.replace(task, **enqueued)
             errors = list(job.errors or [])
             if (
                 job.state in ("dead", "cancelled")
@@ -283,9 +337,17 @@ if HAS_TASKS:
             task = import_string(module_path)
         except ImportError:
             return None
-        if isinstance(task, Task) and task.backend == backend.alias:
-            return task
-        return None
+        if not isinstance(task, Task):
+            return None
+        if task.backend != backend.alias:
+            # Fix: a task defined for another alias and enqueued on this one with
+            # using(backend=...) was not found by a backend instance that had not enqueued it
+            # (another thread's, another process's): its result "did not exist".
+            try:
+                task = dataclasses.replace(task, backend=backend.alias)
+            except InvalidTask:
+                return None
+        return task
 
 
 def _queue_database() -> str:

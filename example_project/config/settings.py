@@ -92,6 +92,17 @@ JOBQUEUE = {
     "TIMEOUT": 30,
 }
 
+# Django's Tasks framework (django.tasks), backed by the same queue: a @task's .enqueue() writes a
+# job in the caller's transaction, and jobqueue_worker runs it (see shop/tasks.py).
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobqueue.backends.JobQueueBackend",
+        "QUEUES": ["default"],
+        # Defaults of the tasks' jobs: attempts (as JOBQUEUE's MAX_ATTEMPTS) and timeout.
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "TIMEOUT": 30},
+    }
+}
+
 # Show the worker's INFO lines (job started / done / failed) on stderr.
 LOGGING = {
     "version": 1,

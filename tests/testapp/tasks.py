@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+from typing import Any
+
 import django
 
+from .models import RunRecord
+
 if django.VERSION >= (6, 0):
-    from django.tasks import TaskContext, task
+    from django.tasks import TaskContext, default_task_backend, task
 
     @task()
     def add(a: int, b: int) -> int:
@@ -20,9 +26,75 @@ if django.VERSION >= (6, 0):
         return a * b
 
     @task()
+    async def async_explode() -> None:
+        raise KeyError("async exploded")
+
+    @task()
     def explode() -> None:
         raise ValueError("exploded")
 
     @task(queue_name="emails", priority=10)
     def send_email(to: str) -> str:
         return f"sent to {to}"
+
+    @task()
+    def returns_none() -> None:
+        return None
+
+    @task()
+    def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"args": args, "kwargs": kwargs}
+
+    @task(takes_context=True)
+    def record_run(context: TaskContext, label: str = "") -> str:
+        """Leave a RunRecord per attempt (its pk gives the run order); fail if asked to."""
+        now = time.time()
+        RunRecord.objects.create(
+            job_id=int(context.task_result.id),
+            attempt=context.attempt,
+            worker_pid=os.getpid(),
+            started=now,
+            finished=now,
+        )
+        return label
+
+    @task(takes_context=True)
+    def flaky(context: TaskContext) -> dict[str, Any]:
+        """Fail the first attempt, succeed on the next; every attempt leaves a RunRecord."""
+        RunRecord.objects.create(
+            job_id=int(context.task_result.id), attempt=context.attempt, worker_pid=os.getpid()
+        )
+        if context.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return {"attempt": context.attempt, "attempts": context.task_result.attempts}
+
+    @task(takes_context=True)
+    def inspect_self(context: TaskContext) -> dict[str, Any]:
+        """Report what the task sees of itself: from its context, and read back from the queue."""
+        mine = context.task_result
+        stored = default_task_backend.get_result(mine.id)
+        return {
+            "id": mine.id,
+            "attempt": context.attempt,
+            "context_status": str(mine.status),
+            "stored_status": str(stored.status),
+            "stored_worker_ids": stored.worker_ids,
+            "started_at_set": stored.started_at is not None,
+            "finished_at_set": stored.finished_at is not None,
+            "pid": os.getpid(),
+        }
+
+    @task()
+    def sleepy(seconds: float) -> str:
+        # Short sleeps, so the JobTimeout a worker raises into this thread lands promptly.
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "woke up"
+
+
+if django.VERSION >= (6, 1):  # @task() passes extra keyword arguments on to task_class
+
+    @task(group="reports", max_attempts=1)
+    def grouped_report(name: str) -> str:
+        return f"report {name}"

@@ -12,6 +12,7 @@ from django.db.models import Max
 
 import django_jobqueue as jobqueue
 from shop.models import Order
+from shop.tasks import notify_customer
 
 
 def _amount(text: str) -> Decimal:
@@ -28,7 +29,8 @@ def _amount(text: str) -> Decimal:
 class Command(BaseCommand):
     help = (
         "Save an order and enqueue its jobs in the same transaction: reserve_stock and "
-        "charge_card (independent), then send_receipt once both are done."
+        "charge_card (independent), then send_receipt once both are done, then the Django "
+        "task notify_customer."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -45,10 +47,16 @@ class Command(BaseCommand):
             reserve = jobqueue.enqueue("shop.reserve_stock", job_args)
             charge = jobqueue.enqueue("shop.charge_card", job_args)
             receipt = jobqueue.enqueue("shop.send_receipt", job_args, depends_on=[reserve, charge])
+            # A Django task, enqueued through django_jobqueue's backend (settings.TASKS): the
+            # same queue, the same transaction; using(depends_on=...) is the backend's extra.
+            notify = notify_customer.using(depends_on=[receipt]).enqueue(order_id=order.pk)
         self.stdout.write(f"Order {order.number} saved (id {order.pk}, total {order.total}):")
         for job in (reserve, charge, receipt):
             after = f"  (after jobs {reserve.pk}, {charge.pk})" if job is receipt else ""
             self.stdout.write(f"  job {job.pk:<4} {job.type:<20} {job.state}{after}")
+        name = notify.task.name
+        after = f"(after job {receipt.pk})"
+        self.stdout.write(f"  task {notify.id:<3} {name:<20} {notify.status}  {after}")
 
 
 def _next_number() -> str:

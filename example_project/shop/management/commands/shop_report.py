@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
+from django.tasks import TaskResultStatus, default_task_backend
 
 from django_jobqueue.models import Job
 from shop.models import Order
@@ -30,7 +32,13 @@ class Command(BaseCommand):
             self.stdout.write("No orders yet: run `manage.py shop_place_order`.")
         unfinished = 0
         for order in orders:
-            jobs = list(Job.objects.filter(args__order_id=order.pk).order_by("pk"))
+            # Handler jobs take {"order_id": ...}; a Django task's job stores its call as
+            # {"args": [...], "kwargs": {"order_id": ...}}.
+            jobs = list(
+                Job.objects.filter(
+                    Q(args__order_id=order.pk) | Q(args__kwargs__order_id=order.pk)
+                ).order_by("pk")
+            )
             unfinished += sum(job.state != Job.State.DONE for job in jobs)
             unfinished += order.status != Order.Status.COMPLETED
             self.stdout.write(
@@ -38,10 +46,27 @@ class Command(BaseCommand):
                 f"(stock reserved: {_yes(order.stock_reserved)}, paid: {_yes(order.paid)})"
             )
             self._table([_row(job) for job in jobs])
+            for job in jobs:
+                if job.type.startswith("task:"):
+                    self._task(str(job.pk))
         if options["check"]:
             if unfinished:
                 raise CommandError(f"{unfinished} job(s) or order(s) are not finished.")
             self.stdout.write(self.style.SUCCESS("\nAll jobs done, all orders completed."))
+
+    def _task(self, result_id: str) -> None:
+        """One line on a Django task, read through the Tasks API (get_result -> TaskResult)."""
+        result = default_task_backend.get_result(result_id)
+        if result.status == TaskResultStatus.SUCCESSFUL:
+            outcome = f"returned {json.dumps(result.return_value)}"
+        elif result.errors:
+            outcome = f"last error {result.errors[-1].exception_class_path}"
+        else:
+            outcome = "not finished"
+        self.stdout.write(
+            f"  Django task {result.task.name} (result id {result.id}): {result.status}, "
+            f"attempts {result.attempts}, {outcome}"
+        )
 
     def _table(self, rows: list[tuple[str, ...]]) -> None:
         """Write `rows` under COLUMNS, each column as wide as its widest cell."""
