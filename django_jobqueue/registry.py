@@ -12,7 +12,8 @@ from .exceptions import HandlerRegistrationError, UnknownHandlerError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,199}$")
+# Matched with fullmatch(): with match() and "$", a key ending in "\n" would pass.
+KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,199}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,7 @@ _handlers: dict[str, Handler] = {}
 
 def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
     """Register the decorated function as the handler for `key`."""
-    if not isinstance(key, str) or not KEY_RE.match(key):
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise HandlerRegistrationError(
             f"Handler key {key!r} is invalid: use 1-200 letters, digits, '_', '.', ':' or '-'."
         )

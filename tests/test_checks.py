@@ -1,0 +1,222 @@
+"""System checks: E001 (settings), E002 (MySQL/MariaDB version), W001/W002 (SQLite modes), W003.
+
+The SQLite warnings are checked on every run, whatever DATABASE_URL names: the queue database
+is pointed (JOBQUEUE['DATABASE']) at an extra SQLite alias created for the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core import checks as django_checks
+from django.core.management import call_command
+from django.db import connection
+from django.test import override_settings
+
+from django_jobqueue import checks
+from django_jobqueue.dialects.mysql import version_error
+from tests.extra_databases import sqlite_alias
+
+ROOT = Path(__file__).resolve().parent.parent
+VALID = {"LEASE_TTL": 30, "HEARTBEAT_INTERVAL": 5}
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+# --- E001 / W003 -----------------------------------------------------------------------------
+
+
+def test_test_settings_pass() -> None:
+    assert checks.check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("jobqueue", "text"),
+    [
+        ({"BOGUS": 1}, "Unknown JOBQUEUE setting 'BOGUS'"),
+        ({"lease_ttl": 30}, "Unknown JOBQUEUE setting 'lease_ttl'"),
+        ({"LEASE_TTL": 10, "HEARTBEAT_INTERVAL": 6}, "at most half"),
+        ({"LEASE_TTL": "30"}, "LEASE_TTL"),
+        ({"LEASE_TTL": 0}, "LEASE_TTL"),
+        ({"POLL_INTERVAL": -1}, "POLL_INTERVAL"),
+        ({"POLL_INTERVAL": True}, "POLL_INTERVAL"),
+        ({"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": 2.5}, "MAX_ATTEMPTS"),
+        ({"RECLAIM_BATCH": "100"}, "RECLAIM_BATCH"),
+        ({"TIMEOUT": 0}, "TIMEOUT"),
+        ({"SHUTDOWN_TIMEOUT": -1}, "SHUTDOWN_TIMEOUT"),
+        ({"DATABASE": "nope"}, "'nope', which is not in settings.DATABASES"),
+        ({"DEFAULT_QUEUE": ""}, "DEFAULT_QUEUE"),
+        (["LEASE_TTL"], "must be a dict"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_e001_bad_settings(jobqueue: Any, text: str) -> None:
+    with override_settings(JOBQUEUE=jobqueue):
+        messages = checks.check_settings()
+    assert ids(messages) == ["django_jobqueue.E001"]
+    assert messages[0].level == django_checks.ERROR
+    assert text in messages[0].msg
+
+
+def test_e001_is_reported_by_the_check_framework() -> None:
+    with override_settings(JOBQUEUE={"BOGUS": 1}):
+        found = django_checks.run_checks()
+    assert "django_jobqueue.E001" in ids(found)
+
+
+def test_bad_settings_do_not_crash_the_database_check() -> None:
+    with override_settings(JOBQUEUE={"BOGUS": 1}):
+        assert checks.check_database(databases=["default"]) == []
+
+
+def test_w003_without_use_tz() -> None:
+    with override_settings(USE_TZ=False):
+        messages = checks.check_settings()
+    assert ids(messages) == ["django_jobqueue.W003"]
+    assert messages[0].level == django_checks.WARNING
+
+
+# --- W001 / W002: SQLite journal and transaction modes ---------------------------------------
+
+
+@pytest.fixture
+def sqlite_queue(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A queue database on an extra SQLite file with the OPTIONS given by the test's param."""
+    options = getattr(request, "param", {})
+    with (
+        sqlite_alias("sqlite_queue", tmp_path / "queue.sqlite3", options=options) as alias,
+        override_settings(JOBQUEUE={**VALID, "DATABASE": alias}),
+    ):
+        yield alias
+
+
+@pytest.mark.django_db
+def test_w001_and_w002_for_a_default_sqlite_database(sqlite_queue: str) -> None:
+    messages = checks.check_database(databases=[sqlite_queue])
+    assert ids(messages) == ["django_jobqueue.W001", "django_jobqueue.W002"]
+    assert all(m.level == django_checks.WARNING for m in messages)
+    assert "'sqlite_queue' is not in WAL mode" in messages[0].msg
+    assert "journal_mode=WAL" in messages[0].hint
+    assert "'transaction_mode': 'IMMEDIATE'" in messages[1].hint
+
+
+@pytest.mark.parametrize(
+    "sqlite_queue",
+    [{"init_command": "PRAGMA journal_mode=WAL;"}],
+    indirect=True,
+)
+@pytest.mark.django_db
+def test_w002_only_when_wal_but_deferred(sqlite_queue: str) -> None:
+    assert ids(checks.check_database(databases=[sqlite_queue])) == ["django_jobqueue.W002"]
+
+
+@pytest.mark.parametrize("sqlite_queue", [{"transaction_mode": "IMMEDIATE"}], indirect=True)
+@pytest.mark.django_db
+def test_w001_only_when_immediate_but_not_wal(sqlite_queue: str) -> None:
+    assert ids(checks.check_database(databases=[sqlite_queue])) == ["django_jobqueue.W001"]
+
+
+@pytest.mark.parametrize(
+    "sqlite_queue",
+    [
+        {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"},
+        {"init_command": "PRAGMA journal_mode=wal;", "transaction_mode": "immediate"},
+    ],
+    indirect=True,
+)
+@pytest.mark.django_db
+def test_no_warning_for_wal_and_immediate(sqlite_queue: str) -> None:
+    assert checks.check_database(databases=[sqlite_queue]) == []
+
+
+@pytest.mark.django_db
+def test_in_memory_sqlite_is_not_warned_about(tmp_path: Path) -> None:
+    with (
+        sqlite_alias("memory_queue", Path(":memory:")) as alias,
+        override_settings(JOBQUEUE={**VALID, "DATABASE": alias}),
+    ):
+        assert checks.check_database(databases=[alias]) == []
+
+
+@pytest.mark.django_db
+def test_database_check_only_runs_for_the_queue_database(sqlite_queue: str) -> None:
+    assert checks.check_database(databases=None) == []
+    assert checks.check_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db
+def test_the_test_database_passes_the_database_check() -> None:
+    """WAL + IMMEDIATE on SQLite, a new enough server on MySQL/MariaDB, nothing on PostgreSQL."""
+    assert checks.check_database(databases=["default"]) == []
+
+
+# --- E002: MySQL / MariaDB versions ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("is_mariadb", "version", "ok"),
+    [
+        (False, (5, 7, 44), False),
+        (False, (8, 0, 0), False),
+        (False, (8, 0, 1), True),
+        (False, (8, 4, 3), True),
+        (False, (9, 1, 0), True),
+        (True, (10, 5, 27), False),
+        (True, (10, 6, 0), True),
+        (True, (10, 11, 9), True),
+        (True, (11, 4, 2), True),
+    ],
+)
+def test_version_error(is_mariadb: bool, version: tuple[int, ...], ok: bool) -> None:
+    problem = version_error(is_mariadb, version)
+    if ok:
+        assert problem is None
+    else:
+        assert problem is not None
+        flavour = "MariaDB" if is_mariadb else "MySQL"
+        assert f"{flavour} {'.'.join(map(str, version))} is too old" in problem
+        assert "SKIP LOCKED" in problem
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="E002 needs a MySQL/MariaDB server")
+@pytest.mark.django_db
+def test_no_e002_for_the_live_server() -> None:
+    connection.ensure_connection()
+    assert version_error(connection.mysql_is_mariadb, connection.mysql_version) is None
+    assert checks.check_database(databases=["default"]) == []
+
+
+# --- the whole framework, as `manage.py check` runs it ---------------------------------------
+
+
+@pytest.mark.django_db
+def test_call_command_check_fail_level_warning() -> None:
+    call_command("check", fail_level="WARNING", databases=["default"], verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_manage_py_check_fail_level_warning() -> None:
+    """`python -m django check --fail-level WARNING` on the test settings, in a fresh process."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    # With --database the database checks run too: point the process at the test database.
+    env["JOBQUEUE_TEST_SUBPROCESS"] = "1"
+    for extra in ([], ["--database", "default"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "django", "check", "--fail-level", "WARNING", *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "System check identified no issues" in result.stdout

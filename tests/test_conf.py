@@ -1,0 +1,164 @@
+"""settings.JOBQUEUE: typed defaults, overrides, and ImproperlyConfigured on bad values."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_jobqueue import conf
+from django_jobqueue.conf import JobQueueSettings
+
+DEFAULTS = {
+    "database": "default",
+    "default_queue": "default",
+    "max_attempts": 3,
+    "timeout": None,
+    "lease_ttl": 30.0,
+    "heartbeat_interval": 10.0,
+    "poll_interval": 1.0,
+    "shutdown_timeout": 30.0,
+    "retry_backoff": 2.0,
+    "retry_backoff_max": 3600.0,
+    "reclaim_interval": 1.0,
+    "reclaim_batch": 100,
+    "max_abandoned_threads": 3,
+}
+
+
+def test_defaults() -> None:
+    loaded = conf.load({})
+    assert loaded == JobQueueSettings()
+    values = dataclasses.asdict(loaded)
+    # Settings added later keep their own defaults; the documented ones must not drift.
+    assert {k: values[k] for k in DEFAULTS} == DEFAULTS
+
+
+@pytest.mark.parametrize("raw", [None, {}])
+def test_missing_or_empty_setting_means_defaults(raw: Any) -> None:
+    with override_settings(JOBQUEUE=raw):
+        assert conf.get() == JobQueueSettings()
+
+
+def test_without_the_setting_at_all(settings: Any) -> None:
+    del settings.JOBQUEUE
+    assert conf.get() == JobQueueSettings()
+
+
+def test_test_settings_are_read() -> None:
+    current = conf.get()
+    assert current.lease_ttl == 30
+    assert current.heartbeat_interval == 5
+    assert current.poll_interval == 0.05
+    assert current.retry_backoff_max == 0.5
+    assert current.max_attempts == 3  # not set: the default
+
+
+def test_override_settings_is_seen_at_once() -> None:
+    with override_settings(JOBQUEUE={"MAX_ATTEMPTS": 7, "DEFAULT_QUEUE": "bulk", "TIMEOUT": 2.5}):
+        current = conf.get()
+        assert (current.max_attempts, current.default_queue, current.timeout) == (7, "bulk", 2.5)
+        assert current.lease_ttl == 30.0  # unset keys keep their defaults
+    assert conf.get().max_attempts == 3
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        conf.get().lease_ttl = 1  # type: ignore[misc]
+
+
+def test_every_field_is_a_setting() -> None:
+    raw = {
+        f.name.upper(): getattr(JobQueueSettings(), f.name)
+        for f in dataclasses.fields(JobQueueSettings)
+    }
+    assert conf.load(raw) == JobQueueSettings()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"LEASE_TTL": 1, "HEARTBEAT_INTERVAL": 0.5},
+        {"TIMEOUT": None},
+        {"TIMEOUT": 0.1},
+        {"SHUTDOWN_TIMEOUT": 0},
+        {"MAX_ATTEMPTS": 1},
+        {"RECLAIM_BATCH": 1, "MAX_ABANDONED_THREADS": 1},
+        {"POLL_INTERVAL": 1},  # ints are fine where seconds are expected
+    ],
+    ids=str,
+)
+def test_valid_values(raw: dict[str, Any]) -> None:
+    loaded = conf.load(raw)
+    for key, value in raw.items():
+        assert getattr(loaded, key.lower()) == value
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        ({"BOGUS": 1}, "Unknown JOBQUEUE setting 'BOGUS'; known: DATABASE,"),
+        ({"lease_ttl": 30}, "Unknown JOBQUEUE setting 'lease_ttl'"),
+        ({"Lease_Ttl": 30}, "Unknown"),
+        ({"LEASE_TTL": 0}, "LEASE_TTL"),
+        ({"LEASE_TTL": -1}, "LEASE_TTL"),
+        ({"LEASE_TTL": "30"}, "LEASE_TTL"),
+        ({"LEASE_TTL": None}, "LEASE_TTL"),
+        ({"HEARTBEAT_INTERVAL": True}, "HEARTBEAT_INTERVAL"),
+        ({"HEARTBEAT_INTERVAL": 16}, "at most half"),
+        ({"LEASE_TTL": 10, "HEARTBEAT_INTERVAL": 5.01}, "at most half"),
+        ({"POLL_INTERVAL": 0}, "POLL_INTERVAL"),
+        ({"LEASE_TTL": float("nan")}, "LEASE_TTL"),
+        ({"LEASE_TTL": float("inf")}, "LEASE_TTL"),
+        ({"TIMEOUT": float("inf")}, "TIMEOUT"),
+        ({"RETRY_BACKOFF": -2}, "RETRY_BACKOFF"),
+        ({"RETRY_BACKOFF_MAX": 0}, "RETRY_BACKOFF_MAX"),
+        ({"RECLAIM_INTERVAL": "1"}, "RECLAIM_INTERVAL"),
+        ({"TIMEOUT": 0}, "TIMEOUT"),
+        ({"TIMEOUT": -1}, "TIMEOUT"),
+        ({"TIMEOUT": "60"}, "TIMEOUT"),
+        ({"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": 1.0}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": True}, "MAX_ATTEMPTS"),
+        ({"RECLAIM_BATCH": 0}, "RECLAIM_BATCH"),
+        ({"MAX_ABANDONED_THREADS": "3"}, "MAX_ABANDONED_THREADS"),
+        ({"SHUTDOWN_TIMEOUT": -0.5}, "SHUTDOWN_TIMEOUT"),
+        ({"SHUTDOWN_TIMEOUT": "30"}, "SHUTDOWN_TIMEOUT"),
+        ({"SHUTDOWN_TIMEOUT": True}, "SHUTDOWN_TIMEOUT"),
+        ({"DATABASE": "replica"}, "'replica', which is not in settings.DATABASES"),
+        ({"DEFAULT_QUEUE": ""}, "DEFAULT_QUEUE"),
+        ({"DEFAULT_QUEUE": 5}, "DEFAULT_QUEUE"),
+        ({"DEFAULT_QUEUE": "q" * 101}, "at most 100 characters"),  # the queue column's size
+    ],
+    ids=str,
+)
+def test_invalid_values(raw: dict[str, Any], text: str) -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.load(raw)
+    assert text in str(info.value)
+    with override_settings(JOBQUEUE=raw), pytest.raises(ImproperlyConfigured):
+        conf.get()
+
+
+@pytest.mark.parametrize("raw", [["LEASE_TTL", 30], "LEASE_TTL=30", 30])
+def test_setting_must_be_a_dict(raw: Any) -> None:
+    with override_settings(JOBQUEUE=raw), pytest.raises(ImproperlyConfigured, match="dict"):
+        conf.get()
+
+
+@given(
+    lease_ttl=st.floats(min_value=0.001, max_value=1e6),
+    heartbeat=st.floats(min_value=0.001, max_value=1e6),
+)
+def test_heartbeat_must_fit_twice_in_the_lease(lease_ttl: float, heartbeat: float) -> None:
+    raw = {"LEASE_TTL": lease_ttl, "HEARTBEAT_INTERVAL": heartbeat}
+    if heartbeat * 2 <= lease_ttl:
+        assert conf.load(raw).heartbeat_interval == heartbeat
+    else:
+        with pytest.raises(ImproperlyConfigured, match="at most half"):
+            conf.load(raw)

@@ -1,0 +1,245 @@
+"""The claim and reclaim queries use the queue's indexes on every database.
+
+The table is filled the way a long-running queue looks: thousands of finished rows, a few
+ready and in-flight ones. After the statistics are refreshed, the planner of each database
+must pick `jobqueue_job_ready` for the claim scan (a partial index on PostgreSQL and SQLite,
+a composite index led by `state` on MySQL/MariaDB) and `jobqueue_job_lease_expires` for the
+expired-lease sweep. The queries are built exactly as leases.claim() and
+maintenance.reclaim_expired() build them, including the dialect's row lock.
+
+These tests commit (transaction=True): MySQL's ANALYZE TABLE commits implicitly, and the
+statistics should describe committed rows on every database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_jobqueue.dialects import get_dialect
+from django_jobqueue.models import Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TABLE = Job._meta.db_table
+READY_INDEX = "jobqueue_job_ready"
+LEASE_INDEX = "jobqueue_job_lease_expires"
+DONE_ROWS = 3000
+READY_ROWS = 20
+
+
+@pytest.fixture
+def queue_table() -> None:
+    """Fill the table like a busy queue's history, then refresh the planner's statistics."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(
+                type="test.noop",
+                state=Job.State.DONE,
+                attempts=1,
+                finished_at=now - dt.timedelta(seconds=i),
+                result=i,
+            )
+            for i in range(DONE_ROWS)
+        ),
+        batch_size=500,
+    )
+    Job.objects.bulk_create(
+        Job(type="test.noop", state=Job.State.READY, priority=i % 3) for i in range(READY_ROWS)
+    )
+    # A few in-flight jobs: most hold a live lease, some have let it expire.
+    Job.objects.bulk_create(
+        Job(
+            type="test.noop",
+            state=Job.State.RUNNING if i % 2 else Job.State.LEASED,
+            attempts=1,
+            lease_owner=f"worker-{i}",
+            lease_expires=now + dt.timedelta(minutes=5)
+            if i >= 4
+            else now - dt.timedelta(minutes=5),
+        )
+        for i in range(20)
+    )
+    analyze()
+
+
+def analyze() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {TABLE}")
+            cursor.fetchall()
+        else:
+            cursor.execute(f"ANALYZE {TABLE}")
+
+
+def claim_queryset(queues: list[str] | None = None) -> Any:
+    """The claim query of leases.claim(), with the dialect's claim lock and a batch of 10."""
+    dialect = get_dialect("default")
+    candidates = Job.objects.ready().in_queues(queues).order_by("-priority", "pk")
+    return dialect.lock(candidates)[:10]
+
+
+def reclaim_queryset() -> Any:
+    """The expired-lease query of maintenance.reclaim_expired()."""
+    dialect = get_dialect("default")
+    return dialect.lock(Job.objects.expired().order_by("lease_expires", "pk")).values_list(
+        "pk", "attempts", "max_attempts", "lease_owner"
+    )[:100]
+
+
+def explain(queryset: Any) -> tuple[set[str], bool]:
+    """Return the indexes the database's plan for `queryset` reads, and whether it sorts."""
+    # select_for_update() compiles only inside a transaction; the plan is the same.
+    with transaction.atomic():
+        sql, params = queryset.query.get_compiler(using="default").as_sql()
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+                plan = cursor.fetchone()[0]
+                plan = json.loads(plan) if isinstance(plan, str) else plan
+                nodes = list(_pg_nodes(plan))
+                return (
+                    {n["Index Name"] for n in nodes if "Index Name" in n},
+                    any(n.get("Node Type") in ("Sort", "Incremental Sort") for n in nodes),
+                )
+            if connection.vendor == "mysql":
+                cursor.execute(f"EXPLAIN {sql}", params)
+                columns = [c[0].lower() for c in cursor.description]
+                rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+                return (
+                    {row["key"] for row in rows if row["key"]},
+                    any("filesort" in (row["extra"] or "") for row in rows),
+                )
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+            details = " ".join(str(row[-1]) for row in cursor.fetchall())
+            return (
+                set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", details)),
+                "TEMP B-TREE" in details,
+            )
+
+
+def _pg_nodes(node: Any) -> Iterator[dict[str, Any]]:
+    """Every plan node of an EXPLAIN (FORMAT JSON) document."""
+    if isinstance(node, dict):
+        if "Node Type" in node:
+            yield node
+        for value in node.values():
+            yield from _pg_nodes(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _pg_nodes(item)
+
+
+def plan_text(queryset: Any) -> str:
+    with transaction.atomic():
+        return str(queryset.explain())
+
+
+@pytest.mark.parametrize("queues", [None, ["default", "emails"]], ids=["all-queues", "named"])
+def test_claim_query_uses_the_ready_index(queue_table: None, queues: list[str] | None) -> None:
+    """The ready index serves both the filter and the ORDER BY: no sort step in the plan."""
+    used, sorts = explain(claim_queryset(queues))
+    assert READY_INDEX in used, (used, plan_text(claim_queryset(queues)))
+    assert not sorts, plan_text(claim_queryset(queues))
+
+
+def test_claim_query_returns_ready_rows_by_priority(queue_table: None) -> None:
+    with transaction.atomic():
+        rows = list(claim_queryset())
+    assert len(rows) == 10
+    assert all(r.state == Job.State.READY for r in rows)
+    keys = [(-r.priority, r.pk) for r in rows]
+    assert keys == sorted(keys)
+    assert rows[0].priority == 2
+
+
+def test_expired_lease_query_uses_the_lease_index(queue_table: None) -> None:
+    used, _ = explain(reclaim_queryset())
+    assert LEASE_INDEX in used, (used, plan_text(reclaim_queryset()))
+
+
+def test_expired_lease_query_finds_only_expired_leases(queue_table: None) -> None:
+    with transaction.atomic():
+        rows = list(reclaim_queryset())
+    assert len(rows) == 4
+    assert {owner for *_, owner in rows} == {f"worker-{i}" for i in range(4)}
+
+
+def _index_columns_mysql() -> list[tuple[int, str, str | None]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT SEQ_IN_INDEX, COLUMN_NAME, COLLATION FROM information_schema.STATISTICS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s "
+            "ORDER BY SEQ_IN_INDEX",
+            [TABLE, READY_INDEX],
+        )
+        return [(int(seq), str(col), coll) for seq, col, coll in cursor.fetchall()]
+
+
+def test_ready_index_shape_in_the_catalog() -> None:
+    """Partial (WHERE state = 'ready') on PostgreSQL and SQLite; led by `state` on MySQL.
+
+    The test database went through every migration: on SQLite, later migrations that rebuild
+    the table must have recreated the index (it is part of the migration state for that).
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname = %s",
+                [TABLE, READY_INDEX],
+            )
+            row = cursor.fetchone()
+            assert row is not None, f"index {READY_INDEX} is missing"
+            (definition,) = row
+            assert re.search(r"WHERE \(+\(?state\)?(::text)? = 'ready'", definition), definition
+            assert "priority DESC" in definition, definition
+        elif connection.vendor == "sqlite":
+            cursor.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = %s", [READY_INDEX]
+            )
+            row = cursor.fetchone()
+            assert row is not None, f"index {READY_INDEX} is missing"
+            (definition,) = row
+            assert re.search(r"WHERE\s+\"?state\"?\s*=\s*'ready'", definition), definition
+            assert re.search(r"\"?priority\"? DESC", definition), definition
+        else:
+            columns = _index_columns_mysql()
+            assert [c for _, c, _ in columns] == ["state", "priority", "id"], columns
+            # MariaDB 10.8+ and MySQL 8 keep DESC: COLLATION 'D' for a descending column.
+            assert columns[1][2] == "D", columns
+
+
+def test_lease_index_exists_in_the_catalog() -> None:
+    constraints = connection.introspection.get_constraints(connection.cursor(), TABLE)
+    assert constraints[LEASE_INDEX]["index"] is True
+    assert constraints[LEASE_INDEX]["columns"] == ["lease_expires"]
+    assert READY_INDEX in constraints
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="only SQLite rebuilds a table to alter it"
+)
+def test_sqlite_table_rebuild_keeps_the_ready_index() -> None:
+    """SQLite alters a column by rebuilding the table with the indexes the model declares."""
+    old = Job._meta.get_field("type")
+    wider = old.clone()
+    wider.set_attributes_from_name("type")
+    wider.max_length = old.max_length + 1  # type: ignore[operator]
+    with connection.schema_editor() as editor:
+        editor.alter_field(Job, old, wider)
+        editor.alter_field(Job, wider, old)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = %s", [READY_INDEX]
+        )
+        row = cursor.fetchone()
+    assert row is not None, "the table rebuild dropped the ready index"
+    assert re.search(r"WHERE\s+\"?state\"?\s*=\s*'ready'", row[0]), row[0]
