@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import json
 import logging
@@ -35,6 +36,10 @@ class InFlight:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     settled: bool = False  # an outcome was recorded (by the thread or by the timeout)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    # The timeout raises JobTimeout into the thread only while the handler runs: raised once
+    # the thread is back in the executor loop, it would kill the thread holding the next job.
+    in_handler: bool = False  # the thread is inside the handler call
+    abandoned: bool = False  # JobTimeout was raised into the thread; it retires afterwards
 
     def settle(self) -> bool:
         """Claim the right to record this attempt's outcome; False if already taken."""
@@ -43,6 +48,41 @@ class InFlight:
                 return False
             self.settled = True
             return True
+
+    def enter_handler(self) -> bool:
+        """Mark the handler as running; False if the attempt was settled (timed out) already."""
+        with self.lock:
+            if self.settled:
+                return False
+            self.in_handler = True
+            return True
+
+    def leave_handler(self) -> None:
+        """Mark the handler as returned, withdrawing a JobTimeout raised but not yet delivered."""
+        with self.lock:
+            self.in_handler = False
+            if self.abandoned:
+                _set_async_exc(threading.get_ident(), None)
+
+    def interrupt(self) -> bool:
+        """Raise JobTimeout in the thread if it is still in the handler; return whether it was.
+
+        The exception fires at the thread's next Python bytecode: a thread blocked in C (a
+        socket read, say) only sees it when the call returns, which may be never.
+        """
+        with self.lock:
+            if not self.in_handler or self.thread_id is None:
+                return False
+            self.abandoned = True
+            _set_async_exc(self.thread_id, JobTimeout)
+            return True
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` asynchronously in thread `thread_id`; None clears a pending one."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc)
+    )
 
 
 def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
@@ -111,7 +151,12 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
             return
         logger.info("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
         try:
-            result = _call(dialect, conf, flight)
+            if not flight.enter_handler():
+                return  # timed out before the handler started
+            try:
+                result = _call(dialect, conf, flight)
+            finally:
+                flight.leave_handler()
             json.dumps(result, allow_nan=False)
         except JobTimeout as exc:
             # Raised into this thread by the worker loop, which already recorded the timeout.
@@ -140,6 +185,23 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
     finally:
         _tidy_connection(dialect.using)
         flight.done.set()
+
+
+# An async handler times itself out (asyncio.wait_for, in its own thread) and records the
+# failure cleanly; the worker loop steps in only this much later, for a coroutine that blocks its
+# event loop. Raising JobTimeout into asyncio.run() can leave its event loop half-closed.
+ASYNC_TIMEOUT_GRACE = 1.0
+
+
+def attempt_deadline(job: Job, started: float) -> float | None:
+    """Return the monotonic time after which the worker loop times out this attempt, or None."""
+    if not job.timeout:
+        return None
+    try:
+        is_async = registry.get(job.type).is_async
+    except UnknownHandlerError:
+        is_async = False
+    return started + job.timeout + (ASYNC_TIMEOUT_GRACE if is_async else 0.0)
 
 
 def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:

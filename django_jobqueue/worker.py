@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -22,7 +21,7 @@ from . import leases, maintenance, wake
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import JobTimeout
-from .execution import InFlight, execute, record_failure
+from .execution import InFlight, attempt_deadline, execute, record_failure
 from .models import Worker as WorkerRow
 from .scheduling import Scheduler
 
@@ -69,14 +68,13 @@ class _Executor:
         thread.start()
 
     def _loop(self) -> None:
-        me = threading.current_thread()
         try:
             while True:
                 flight = self._queue.get()
                 if flight is None:
                     return
                 self._run(flight)  # type: ignore[operator]
-                if me in self.abandoned:
+                if flight.abandoned:
                     return  # replaced while it hung; retire
         finally:
             connections.close_all()
@@ -85,17 +83,17 @@ class _Executor:
         self._queue.put(flight)
 
     def abandon(self, flight: InFlight) -> None:
-        """Give up on the thread running `flight`: interrupt it if possible, and replace it."""
+        """Give up on the thread running `flight`: interrupt it, and replace it.
+
+        Only a thread still inside the handler is interrupted (and then retires): one whose
+        handler has returned meanwhile goes back to the pool as usual. Raising JobTimeout into
+        a thread that had moved on would lose the next job it took from the queue.
+        """
         thread = next((t for t in self._threads if t.ident == flight.thread_id), None)
-        if thread is None:
+        if thread is None or not flight.interrupt():
             return
         self._threads.remove(thread)
         self.abandoned.append(thread)
-        # Raise JobTimeout inside the thread at its next Python bytecode; a thread blocked in C
-        # (a socket read, say) only sees it when the call returns, which may be never.
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread.ident or 0), ctypes.py_object(JobTimeout)
-        )
         self._spawn()
 
     def hung(self) -> int:
@@ -250,7 +248,7 @@ class JobWorker:
                 job=job,
                 lease=lease,
                 started=started,
-                deadline=started + job.timeout if job.timeout else None,
+                deadline=attempt_deadline(job, started),
             )
             self.in_flight[job.pk] = flight
             self._executor.submit(flight)

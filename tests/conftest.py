@@ -29,14 +29,50 @@ def poll(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 
         time.sleep(interval)
 
 
+def wait_for_job(pk: int, *states: str, timeout: float = 60.0) -> Any:
+    """Return job `pk` once it is in one of `states`; fail showing its row if it never does."""
+    from django_jobqueue.models import Job
+
+    def reached() -> Any:
+        job = Job.objects.get(pk=pk)
+        return job if job.state in states else None
+
+    try:
+        return poll(reached, timeout)
+    except AssertionError:
+        job = Job.objects.get(pk=pk)
+        raise AssertionError(
+            f"job {pk} is {job.state} (attempts={job.attempts}, owner={job.lease_owner}, "
+            f"last_error={job.last_error}), not {states}, after {timeout}s"
+        ) from None
+
+
+# Lines a healthy worker never logs, whatever the database.
+TROUBLE = (
+    "database is locked",
+    "Database error in the worker loop",
+    "Could not record",
+    "Lost the lease",
+    "Traceback",
+)
+
+
+def assert_clean_log(text: str, *, allow: tuple[str, ...] = ()) -> None:
+    """Fail if a worker log shows database trouble, a lost lease or an uncaught exception."""
+    for marker in TROUBLE:
+        if marker not in allow:
+            assert marker not in text, f"worker log contains {marker!r}:\n{text[-4000:]}"
+
+
 class WorkerProcess:
     """A `manage.py jobqueue_worker` subprocess on the test database."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         env = {
             **os.environ,
             "JOBQUEUE_TEST_SUBPROCESS": "1",
             "DJANGO_SETTINGS_MODULE": "tests.settings",
+            **(env or {}),
         }
         self.log_path = log
         self._log = log.open("w")
@@ -65,13 +101,42 @@ class WorkerProcess:
                 f"worker did not exit within {timeout}s:\n{self.output()}"
             ) from exc
 
+    def row(self) -> Any:
+        """This process's Worker row, or None."""
+        from django_jobqueue.models import Worker
+
+        return Worker.objects.filter(pid=self.pid).first()
+
+    def wait_registered(self, timeout: float = 60.0) -> Any:
+        """Return the Worker row once the process has registered (it is then claiming)."""
+
+        def registered() -> Any:
+            if not self.running():
+                raise AssertionError(f"worker exited early:\n{self.output()}")
+            return self.row()
+
+        return poll(registered, timeout)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 120.0) -> int:
+        """Send SIGTERM and return the exit status."""
+        if self.running():
+            self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def close(self) -> None:
+        self._log.close()
+
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
 
@@ -81,11 +146,15 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
     assert connection.settings_dict["NAME"]  # the test database exists and is committed to
 
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(list(args), tmp_path / f"worker-{len(started)}.log")
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(list(args), tmp_path / f"worker-{len(started)}.log", env)
         started.append(worker)
         return worker
 
     yield start
-    for worker in started:
+    for number, worker in enumerate(started):
         worker.kill()
+        worker.close()
+        # Shown by pytest only when the test failed: the tail of each worker's log.
+        tail = "\n".join(worker.output().splitlines()[-40:])
+        print(f"--- worker {number} (pid {worker.pid}, exit {worker.proc.returncode}) ---\n{tail}")

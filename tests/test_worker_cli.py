@@ -1,0 +1,154 @@
+"""The jobqueue_worker command's options: --max-jobs, --burst, --queue, --help, bad values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import pytest
+
+import django_jobqueue as jobqueue
+from django_jobqueue.management.commands.jobqueue_worker import Command
+from django_jobqueue.models import Job, Worker
+from tests.conftest import ROOT, assert_clean_log, wait_for_job
+
+TERMINAL = (Job.State.DONE, Job.State.DEAD)
+
+
+def run_command(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "JOBQUEUE_TEST_SUBPROCESS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "django", "jobqueue_worker", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def worker_options() -> list[str]:
+    """The long options the command itself defines (not Django's common ones)."""
+    parser = Command().create_parser("manage.py", "jobqueue_worker")
+    own = [a for a in parser._actions if a.dest not in _DJANGO_COMMON and a.option_strings]
+    return [next(o for o in a.option_strings if o.startswith("--")) for a in own]
+
+
+_DJANGO_COMMON = {
+    "help",
+    "version",
+    "verbosity",
+    "settings",
+    "pythonpath",
+    "traceback",
+    "no_color",
+    "force_color",
+    "skip_checks",
+}
+
+
+def test_help_lists_every_option():
+    result = run_command("--help")
+    assert result.returncode == 0, result.stderr
+    options = worker_options()
+    assert set(options) >= {
+        "--concurrency",
+        "--queue",
+        "--poll-interval",
+        "--lease-ttl",
+        "--heartbeat-interval",
+        "--shutdown-timeout",
+        "--burst",
+        "--max-jobs",
+        "--worker-id",
+    }
+    for option in options:
+        assert option in result.stdout, f"{option} missing from --help"
+    assert "SIGTERM" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", "0"], "must be positive"),
+        (["--concurrency", "two"], "is not a number"),
+        (["--lease-ttl", "-1"], "must be positive"),
+        (["--shutdown-timeout", "-1"], "must not be negative"),
+        (["--max-jobs", "0"], "must be positive"),
+        (["--lease-ttl", "2", "--heartbeat-interval", "5"], "at most half the lease TTL"),
+    ],
+)
+def test_bad_option_values_are_refused_before_the_worker_starts(args, message):
+    result = run_command(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_burst_exits_zero_when_nothing_is_runnable(start_worker):
+    later = jobqueue.enqueue("test.noop", run_after=dt.timedelta(hours=1))
+    upstream = jobqueue.enqueue("test.noop", run_after=dt.timedelta(hours=1))
+    waiting = jobqueue.enqueue("test.noop", depends_on=[upstream])
+    worker = start_worker("--burst")
+    assert worker.wait(60) == 0
+    for job in (later, upstream):
+        assert Job.objects.get(pk=job.pk).state == Job.State.READY
+    assert Job.objects.get(pk=waiting.pk).state == Job.State.WAITING
+    assert not Worker.objects.exists()
+    assert_clean_log(worker.output())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_burst_runs_everything_runnable_then_exits_zero(start_worker):
+    jobs = [jobqueue.enqueue("test.add", {"a": i, "b": 1}) for i in range(6)]
+    blocked = jobqueue.enqueue("test.upstream_sum", depends_on=jobs[:2])
+    worker = start_worker("--burst", "--concurrency", "2")
+    assert worker.wait(120) == 0
+    assert [Job.objects.get(pk=j.pk).result for j in jobs] == [i + 1 for i in range(6)]
+    # Released by its upstreams during the run, it ran in the same burst.
+    done = Job.objects.get(pk=blocked.pk)
+    assert done.state == Job.State.DONE
+    assert done.result == 3
+    assert_clean_log(worker.output())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_max_jobs_exits_after_n_jobs(start_worker):
+    jobs = [jobqueue.enqueue("test.add", {"a": i, "b": 0}) for i in range(5)]
+    worker = start_worker("--max-jobs", "3", "--concurrency", "2")
+    assert worker.wait(120) == 0
+    states = [Job.objects.get(pk=j.pk).state for j in jobs]
+    assert states.count(Job.State.DONE) == 3
+    assert states.count(Job.State.READY) == 2
+    assert Job.objects.filter(attempts__gt=0).count() == 3  # the others were never claimed
+    assert "claimed 3 jobs" in worker.output()
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_max_jobs_waits_for_work_before_exiting(start_worker):
+    worker = start_worker("--max-jobs", "1")
+    worker.wait_registered()
+    assert worker.running()  # not a burst: it waits for its one job
+    job = jobqueue.enqueue("test.add", {"a": 1, "b": 1})
+    assert worker.wait(60) == 0
+    assert Job.objects.get(pk=job.pk).state == Job.State.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_option_limits_what_the_worker_claims(start_worker):
+    mine = jobqueue.enqueue("test.add", {"a": 1, "b": 1}, queue="mine")
+    theirs = jobqueue.enqueue("test.add", {"a": 2, "b": 2}, queue="theirs")
+    default = jobqueue.enqueue("test.add", {"a": 3, "b": 3})
+    worker = start_worker("--queue", "mine", "--burst")
+    assert worker.wait(60) == 0
+    assert wait_for_job(mine.pk, *TERMINAL).state == Job.State.DONE
+    assert Job.objects.get(pk=theirs.pk).state == Job.State.READY
+    assert Job.objects.get(pk=default.pk).state == Job.State.READY

@@ -1,0 +1,84 @@
+"""A worker whose database connections are cut by the server survives and keeps working."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import django_jobqueue as jobqueue
+from django_jobqueue.models import Job
+from tests.conftest import poll, wait_for_job
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor == "sqlite", reason="SQLite has no server to drop a connection"
+    ),
+]
+
+
+def other_sessions() -> list[int]:
+    """Server-side ids of every other session on the test database: the worker's."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        else:
+            cursor.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST "
+                "WHERE DB = DATABASE() AND ID <> CONNECTION_ID()"
+            )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def cut_other_sessions(expected: int) -> list[int]:
+    """Terminate the other sessions once there are at least `expected` of them."""
+    ids = poll(lambda: (found := other_sessions()) and len(found) >= expected and found)
+    with connection.cursor() as cursor:
+        for session in ids:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(session)}")
+                except Exception as exc:  # it may have ended on its own meanwhile
+                    if "Unknown thread id" not in str(exc):
+                        raise
+    return ids
+
+
+def test_worker_survives_losing_its_connections_while_idle(start_worker):
+    # Lease TTL 30s (the test settings): a job stuck on a dead connection would only come
+    # back after its lease expired, so the bounds below would catch it.
+    worker = start_worker("--concurrency", "1")
+    worker.wait_registered()
+    # Run a job first, so that the executor thread holds a connection too.
+    first = jobqueue.enqueue("test.add", {"a": 1, "b": 1})
+    assert wait_for_job(first.pk, Job.State.DONE, Job.State.DEAD).state == Job.State.DONE
+
+    cut = cut_other_sessions(expected=2)  # the loop's and the executor thread's
+    poll(lambda: not set(cut) & set(other_sessions()), timeout=30)
+
+    after = jobqueue.enqueue("test.add", {"a": 2, "b": 3})
+    done = wait_for_job(after.pk, Job.State.DONE, Job.State.DEAD, timeout=20)
+    assert done.state == Job.State.DONE
+    assert done.result == 5
+    assert done.attempts == 1  # run on the first claim, not after a lease expiry
+    assert worker.running()
+    assert worker.stop() == 0
+    assert "Lost the lease" not in worker.output()
+
+
+def test_worker_survives_losing_its_connections_twice_under_load(start_worker):
+    worker = start_worker("--concurrency", "2")
+    worker.wait_registered()
+    jobs = [jobqueue.enqueue("test.record", {"sleep": 0.05}) for _ in range(20)]
+    for _ in range(2):
+        cut_other_sessions(expected=1)
+    for job in jobs:
+        done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+        assert done.state == Job.State.DONE, done.last_error
+    assert worker.running()
+    assert worker.stop() == 0

@@ -1,0 +1,134 @@
+"""What a worker process does with failing jobs: retry with backoff, Retry, Fail, give up."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import django_jobqueue as jobqueue
+from django_jobqueue.models import Job
+from tests.conftest import assert_clean_log, wait_for_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TERMINAL = (Job.State.DONE, Job.State.DEAD)
+
+
+def test_failing_job_is_retried_with_backoff_until_it_succeeds(start_worker):
+    job = jobqueue.enqueue("test.fail_then_succeed", {"failures": 2}, max_attempts=3)
+    worker = start_worker()
+    done = wait_for_job(job.pk, *TERMINAL)
+    assert worker.stop() == 0
+    assert done.state == Job.State.DONE, done.last_error
+    assert done.result == "ok on attempt 3"
+    assert done.attempts == 3
+    # The failure of the attempt before the successful one stays on record.
+    assert done.last_error["type"] == "builtins.RuntimeError"
+    assert done.last_error["message"] == "failing attempt 2"
+    assert done.last_error["attempt"] == 2
+    # One error per failed attempt is kept, oldest first.
+    assert [(e["attempt"], e["message"]) for e in done.errors] == [
+        (1, "failing attempt 1"),
+        (2, "failing attempt 2"),
+    ]
+    # Each retry waited for its backoff: the run_after of the last retry had passed at start.
+    assert done.run_after is not None
+    assert done.started_at >= done.run_after
+    log = worker.output()
+    assert log.count("failed after") == 2
+    assert "retry in" in log
+    assert_clean_log(log)
+
+
+def test_retry_exception_reschedules_the_job_after_its_delay(start_worker):
+    job = jobqueue.enqueue("test.retry_once", {"delay": 1.0}, max_attempts=3)
+    worker = start_worker()
+    done = wait_for_job(job.pk, *TERMINAL)
+    assert worker.stop() == 0
+    assert done.state == Job.State.DONE, done.last_error
+    assert done.result == 2
+    assert done.attempts == 2
+    assert done.last_error["type"] == "django_jobqueue.exceptions.Retry"
+    # run_after was set one second past the failed attempt, and the retry waited for it.
+    assert done.started_at >= done.run_after
+    assert done.started_at - done.created_at >= dt.timedelta(seconds=1)
+    assert "retry asked for: delay=1.0" in worker.output()
+    assert_clean_log(worker.output())
+
+
+def test_fail_exception_kills_the_job_at_once(start_worker):
+    job = jobqueue.enqueue("test.fail_hard", max_attempts=5)
+    worker = start_worker()
+    dead = wait_for_job(job.pk, *TERMINAL)
+    assert worker.stop() == 0
+    assert dead.state == Job.State.DEAD
+    assert dead.attempts == 1  # no retries, whatever max_attempts allows
+    assert dead.finished_at is not None
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.Fail"
+    assert dead.last_error["message"] == "not worth retrying"
+    assert "raise jobqueue.Fail" in dead.last_error["traceback"]
+    assert dead.result is None
+    assert_clean_log(worker.output())
+
+
+def test_job_that_keeps_failing_is_dead_after_max_attempts(start_worker):
+    job = jobqueue.enqueue("test.fail", {"message": "kaboom"}, max_attempts=2)
+    worker = start_worker()
+    dead = wait_for_job(job.pk, *TERMINAL)
+    assert worker.stop() == 0
+    assert dead.state == Job.State.DEAD
+    assert dead.attempts == 2
+    assert dead.finished_at is not None
+    assert dead.lease_owner is None
+    error = dead.last_error
+    assert error["type"] == "builtins.RuntimeError"
+    assert error["message"] == "kaboom"
+    assert error["attempt"] == 2
+    assert error["traceback"].startswith("Traceback (most recent call last):")
+    assert "raise RuntimeError(message)" in error["traceback"]
+    assert "RuntimeError: kaboom" in error["traceback"]
+    assert [e["attempt"] for e in dead.errors] == [1, 2]
+    assert "died after" in worker.output()
+
+
+def test_result_that_is_not_json_fails_the_attempt(start_worker):
+    job = jobqueue.enqueue("test.bad_result", max_attempts=1)
+    worker = start_worker()
+    dead = wait_for_job(job.pk, *TERMINAL)
+    assert worker.stop() == 0
+    assert dead.state == Job.State.DEAD
+    assert dead.last_error["type"] == "builtins.TypeError"
+    assert dead.result is None
+
+
+def test_unknown_handler_is_dead_at_dispatch_and_the_worker_goes_on(start_worker):
+    """A row whose handler no longer exists (renamed, removed) dies; it does not stop the worker."""
+    orphan = Job.objects.create(type="test.no_such_handler", args={}, max_attempts=5)
+    worker = start_worker()
+    dead = wait_for_job(orphan.pk, *TERMINAL)
+    assert dead.state == Job.State.DEAD
+    assert dead.attempts == 1
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.UnknownHandlerError"
+    assert "test.no_such_handler" in dead.last_error["message"]
+    assert "No handler is registered" in dead.last_error["message"]
+
+    after = jobqueue.enqueue("test.add", {"a": 2, "b": 3})
+    done = wait_for_job(after.pk, *TERMINAL)
+    assert done.state == Job.State.DONE
+    assert done.result == 5
+    assert worker.running()
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+def test_one_failing_job_does_not_hold_up_the_others(start_worker):
+    bad = jobqueue.enqueue("test.fail", max_attempts=1, priority=10)
+    good = [jobqueue.enqueue("test.add", {"a": i, "b": i}) for i in range(5)]
+    worker = start_worker("--concurrency", "2")
+    assert wait_for_job(bad.pk, *TERMINAL).state == Job.State.DEAD
+    for i, job in enumerate(good):
+        done = wait_for_job(job.pk, *TERMINAL)
+        assert done.state == Job.State.DONE
+        assert done.result == 2 * i
+    assert worker.stop() == 0
