@@ -45,6 +45,18 @@ class JobAdmin(ReadOnlyAdmin):
     fieldsets = [
         (None, {"fields": ["type", "state", "queue", "group_key", "weight", "priority", "parent"]}),
         (
+            "Workflow",
+            {
+                "fields": [
+                    "is_container",
+                    "sealed",
+                    "unique_key",
+                    "cancel_requested",
+                    "cancelled_by",
+                ]
+            },
+        ),
+        (
             "Attempts",
             {
                 "fields": [
@@ -57,7 +69,7 @@ class JobAdmin(ReadOnlyAdmin):
                 ]
             },
         ),
-        ("Data", {"fields": ["args", "result"]}),
+        ("Data", {"fields": ["args", "result", "errors", "worker_ids"]}),
         ("Lease", {"fields": ["lease_owner", "lease_expires", "heartbeat_at"]}),
         ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
     ]

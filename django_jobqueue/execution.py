@@ -40,6 +40,7 @@ class InFlight:
     # the thread is back in the executor loop, it would kill the thread holding the next job.
     in_handler: bool = False  # the thread is inside the handler call
     abandoned: bool = False  # JobTimeout was raised into the thread; it retires afterwards
+    lease_ttl: float | None = None  # the worker's lease TTL, for JobContext.renew_lease()
 
     def settle(self) -> bool:
         """Claim the right to record this attempt's outcome; False if already taken."""
@@ -163,7 +164,7 @@ def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
             if flight.settle():
                 record_failure(dialect, conf, flight, exc)
             return
-        except Exception as exc:  # one bad job never kills the worker
+        except BaseException as exc:  # one bad job never kills the worker, SystemExit included
             error = exc
             if flight.settle():
                 _with_retries(lambda: record_failure(dialect, conf, flight, error), flight)
@@ -209,7 +210,8 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
     handler = registry.get(job.type)
     args: tuple[Any, ...] = ()
     if handler.takes_context:
-        args = (JobContext(job, flight.lease.attempt, flight.lease.owner, conf.lease_ttl, dialect),)
+        ttl = flight.lease_ttl or conf.lease_ttl
+        args = (JobContext(job, flight.lease.attempt, flight.lease.owner, ttl, dialect),)
     if not handler.is_async:
         return handler.func(*args, **job.args)
     timeout = job.timeout

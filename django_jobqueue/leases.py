@@ -195,20 +195,32 @@ def fail(
 
 
 def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
-    """Hand leased jobs back to `ready` without charging the attempt (graceful shutdown)."""
+    """Hand leased jobs back to `ready` without charging the attempt (graceful shutdown).
+
+    A job whose cancellation was requested is not handed back: it ends `cancelled`.
+    """
     condition = Q()
     for lease in leases:
         condition |= lease.q()
     if not condition:
         return 0
-    return (
-        Job.objects.using(dialect.using)
-        .filter(condition)
-        .update(
+
+    def txn() -> int:
+        jobs = Job.objects.using(dialect.using)
+        doomed = list(
+            dialect.lock_blocking(
+                jobs.filter(condition, cancel_requested=True).order_by("pk")
+            ).values_list("pk", "parent_id")
+        )
+        for pk, parent_id in doomed:
+            jobs.filter(pk=pk).update(**workflows.terminal_values(Job.State.CANCELLED))
+            workflows.on_terminal(dialect, pk, Job.State.CANCELLED, parent_id)
+        return len(doomed) + jobs.filter(condition).update(
             state=Job.State.READY,
             attempts=F("attempts") - 1,
             lease_owner=None,
             lease_expires=None,
             updated_at=DbNow(),
         )
-    )
+
+    return dialect.run_in_transaction(txn)

@@ -249,6 +249,7 @@ class JobWorker:
                 lease=lease,
                 started=started,
                 deadline=attempt_deadline(job, started),
+                lease_ttl=self.lease_ttl,
             )
             self.in_flight[job.pk] = flight
             self._executor.submit(flight)
