@@ -78,4 +78,10 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(f"{__name__}.{module}"), name)
+    loaded = import_module(f"{__name__}.{module}")
+    # Fix: importing the submodule `graph` makes the import system set this package's
+    # attribute `graph` to that module, which then shadowed the `graph()` function: after
+    # any use of `jobqueue.Graph` or `enqueue_many`, `jobqueue.graph()` raised "'module'
+    # object is not callable". Bind the lazy names of the module now, over the module.
+    globals().update({n: getattr(loaded, n) for n, m in _LAZY.items() if m == module})
+    return getattr(loaded, name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from django.conf import settings
@@ -58,7 +59,12 @@ def _validate(conf: JobQueueSettings) -> None:
         value = getattr(conf, name)
         if value is None and allow_none:
             return
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
 
     for name in (
@@ -76,7 +82,11 @@ def _validate(conf: JobQueueSettings) -> None:
         value = getattr(conf, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be an integer >= 1.")
-    if not isinstance(conf.shutdown_timeout, int | float) or conf.shutdown_timeout < 0:
+    if (
+        isinstance(conf.shutdown_timeout, bool)
+        or not isinstance(conf.shutdown_timeout, int | float)
+        or conf.shutdown_timeout < 0
+    ):
         raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number >= 0.")
     for name in ("group_limits", "queue_limits"):
         limits = getattr(conf, name)
@@ -102,8 +112,10 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
         )
-    if not isinstance(conf.default_queue, str) or not conf.default_queue:
-        raise ImproperlyConfigured("JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string.")
+    if not isinstance(conf.default_queue, str) or not 1 <= len(conf.default_queue) <= 100:
+        raise ImproperlyConfigured(
+            "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters."
+        )
 
 
 def get() -> JobQueueSettings:

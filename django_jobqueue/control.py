@@ -102,6 +102,11 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
 
     def txn() -> Job:
         jobs = Job.objects.using(dialect.using)
+        # Fix: the upstream states below were read unlocked, so an upstream finishing
+        # concurrently (of a job cancelled while it waited) could miss this job, still
+        # cancelled for it, while this read it as unfinished: the job then waited forever.
+        # Upstream rows first, then the job, as a worker finishing an upstream locks them.
+        workflows.lock_upstream(dialect, [pk])
         found = list(dialect.lock_blocking(jobs.filter(pk=pk)))
         if not found:
             raise InvalidJobError(f"Job {pk} does not exist.")
@@ -174,7 +179,17 @@ def seal(box: Job) -> None:
     dialect = get_dialect(conf.get().database)
 
     def txn() -> None:
-        Job.objects.using(dialect.using).filter(pk=box.pk).update(sealed=True, updated_at=DbNow())
+        jobs = Job.objects.using(dialect.using)
+        jobs.filter(pk=box.pk).update(sealed=True, updated_at=DbNow())
+        # A child finishing now reads `sealed` without a lock (workflows.roll_up): either it
+        # reads True after this commits and rolls up itself, or it wrote its final state
+        # before that; locking the unfinished children waits for such a write to commit, so
+        # that the roll-up below sees it. Without this, both could miss each other.
+        list(
+            dialect.lock_blocking(
+                jobs.filter(parent_id=box.pk).exclude(state__in=Job.TERMINAL_STATES).order_by("pk")
+            ).values_list("pk", flat=True)
+        )
         workflows.roll_up(dialect, int(box.pk))
 
     _in_transaction(dialect, txn)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 
-from . import conf, registry, validation, wake
+from . import conf, registry, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError
 from .models import Job, JobDependency
 
 JobRef = Job | int
+BAD_UPSTREAM = (Job.State.DEAD, Job.State.CANCELLED)
+# The fields a cancellation writes, refreshed on a job that was cancelled as it was created.
+CANCEL_FIELDS = ["state", "finished_at", "cancelled_by", "last_error", "unique_slot"]
 
 
 def enqueue(
@@ -111,10 +114,11 @@ def _write(
         job.state = Job.State.READY
         job.save(using=using, force_insert=True)  # one INSERT, in autocommit or not
     else:
-        # Not savepoint=False: when the locked check below raises (a missing or unusable
-        # upstream or parent), the savepoint keeps the caller's open transaction usable
-        # instead of marking it for rollback.
-        with transaction.atomic(using=using):
+
+        def txn() -> Job | None:
+            """Write the job and its edges; return the holder of its unique key instead."""
+            job.pk = None  # a retried attempt inserts afresh
+            job._state.adding = True
             states = _check_refs(using, upstream_ids, parent_id, lock=True)
             waiting = any(s != Job.State.DONE for s in states.values())
             job.state = Job.State.WAITING if waiting else Job.State.READY
@@ -127,6 +131,29 @@ def _write(
             JobDependency.objects.using(using).bulk_create(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )
+            if any(s in BAD_UPSTREAM for s in states.values()):
+                # Fix: a job created downstream of a dead or cancelled job used to wait
+                # forever (nothing would ever cancel or promote it). It is cancelled at once
+                # in that job's name, as it would have been had it existed then, so that
+                # retrying that job revives it.
+                workflows.cancel_blocked(get_dialect(using), [job.pk])
+                job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
+            return None
+
+        if connections[using].in_atomic_block:
+            # Not savepoint=False: when the locked check raises (a missing or unusable
+            # upstream or parent), the savepoint keeps the caller's open transaction usable
+            # instead of marking it for rollback.
+            with transaction.atomic(using=using):
+                existing = txn()
+        else:
+            # Fix: the rows locked here (upstream jobs, the parent) are locked by workers too,
+            # in other orders (a finishing job, then its downstream, then its container), so
+            # the database may break a deadlock by failing this transaction: in its own
+            # transaction it is retried whole, as the workers' transactions are.
+            existing = get_dialect(using).run_in_transaction(txn)
+        if existing is not None:
+            return existing
     if isinstance(delay, dt.timedelta):
         job.refresh_from_db(using=using, fields=["run_after"])
     transaction.on_commit(lambda: wake.notify(using, job.queue), using=using)
@@ -212,7 +239,51 @@ def _check_refs(
             raise InvalidDependencyError(
                 f"parent: container {parent_id} is sealed; it takes no more children."
             )
+        if upstream_ids:
+            _check_no_cycle(using, upstream_ids, parent_id)
     return {pk: found[pk][0] for pk in upstream_ids}
+
+
+def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
+    """Yield, level by level, the unfinished jobs that cannot finish before the jobs `start`.
+
+    Those are the jobs downstream of them and the containers they belong to, transitively.
+    """
+    jobs = Job.objects.using(using)
+    seen = set(start)
+    frontier = set(seen)
+    while frontier:
+        yield frontier
+        ordered = sorted(frontier)
+        after = set(
+            jobs.filter(pk__in=ordered, parent_id__isnull=False)
+            .exclude(parent__state__in=Job.TERMINAL_STATES)
+            .values_list("parent_id", flat=True)
+        ) | set(
+            JobDependency.objects.using(using)
+            .filter(depends_on_id__in=ordered)
+            .exclude(job__state__in=Job.TERMINAL_STATES)
+            .values_list("job_id", flat=True)
+        )
+        frontier = after - seen
+        seen |= frontier
+
+
+def _check_no_cycle(using: str, upstream_ids: list[int], parent_id: int) -> None:
+    """Reject a child of `parent_id` that would wait for its own container to finish.
+
+    Fix: edges only point at existing jobs, but a container finishes after its children, so
+    a child depending on its container (or on anything that waits for the container, or for
+    one of its ancestors) was accepted and deadlocked: neither could ever finish.
+    """
+    wanted = set(upstream_ids)
+    for level in waits_for(using, [parent_id]):
+        hit = sorted(level & wanted)
+        if hit:
+            raise InvalidDependencyError(
+                f"depends_on: job {hit[0]} cannot finish before container {parent_id} does, "
+                "so a child of that container cannot wait for it (a cycle)."
+            )
 
 
 def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,7 +13,7 @@ from django.db import connections, transaction
 
 from . import conf, validation, wake, workflows
 from .dialects import get_dialect
-from .enqueuing import JobRef, _build, _check_refs, _ids
+from .enqueuing import BAD_UPSTREAM, CANCEL_FIELDS, JobRef, _build, _check_refs, _ids, waits_for
 from .exceptions import InvalidDependencyError
 from .models import Job, JobDependency
 
@@ -99,10 +100,15 @@ class Graph:
             using,
             "parent",
         )
-        with transaction.atomic(using=using, savepoint=False):
+
+        def txn() -> None:
+            for node in self._nodes:  # a retried attempt inserts afresh
+                node.job.pk = None
+                node.job._state.adding = True
             states = _check_refs(using, external_up, None, lock=True)
             for parent_id in external_parents:
                 _check_refs(using, [], parent_id, lock=True)
+            self._check_acyclic(using, external_up, external_parents)
             levels: dict[int, list[_Node]] = {}
             depth: dict[int, int] = {}
             for node in self._nodes:
@@ -132,15 +138,87 @@ class Graph:
                 ],
                 batch_size=1000,
             )
-            boxes = [n.job for n in self._nodes if n.job.is_container]
+            if any(s in BAD_UPSTREAM for s in states.values()):
+                # Fix: jobs downstream of an existing dead or cancelled job used to wait
+                # forever; they are cancelled in its name, as enqueue() does.
+                cancelled = workflows.cancel_blocked(
+                    get_dialect(using), [int(n.job.pk) for n in self._nodes if n.upstream]
+                )
+                for node in self._nodes:
+                    if node.job.pk in cancelled:
+                        node.job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
+            # Only a container without an unfinished child can roll up now (one that does, an
+            # inner container say, rolls its parent up in turn): checking every container took
+            # two statements each, more than the bulk INSERTs of a graph with many containers.
+            busy = {
+                id(n.parent)
+                for n in self._nodes
+                if self._is_new(n.parent) and n.job.state not in Job.TERMINAL_STATES
+            }
+            boxes = [n.job for n in self._nodes if n.job.is_container and id(n.job) not in busy]
             if boxes:
                 dialect = get_dialect(using)
                 for box in reversed(boxes):  # inner containers first
                     workflows.roll_up(dialect, int(box.pk))
             for queue in {n.job.queue for n in self._nodes}:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
+
+        if connections[using].in_atomic_block:
+            with transaction.atomic(using=using, savepoint=False):
+                txn()
+        else:
+            # Fix: the existing rows it locks are locked by workers too, in other orders, so
+            # the database may fail this transaction to break a deadlock: retry it whole.
+            get_dialect(using).run_in_transaction(txn)
         self.saved = True
         return [n.job for n in self._nodes]
+
+    def _check_acyclic(
+        self, using: str, external_up: list[int], external_parents: list[int]
+    ) -> None:
+        """Reject a graph in which a job would wait, directly or not, for its own container.
+
+        Fix: nodes only name earlier nodes, but a container finishes after its children, so a
+        child depending on its container (or on a job depending on it) deadlocked both.
+        `after[a]` holds what cannot finish before `a` does; the graph must have no cycle.
+        """
+        after: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
+
+        def key(ref: JobRef) -> tuple[str, int]:
+            return ("new", id(ref)) if self._is_new(ref) else ("old", _ref_id(ref))
+
+        has_parent = False
+        for node in self._nodes:
+            me = ("new", id(node.job))
+            after.setdefault(me, set())
+            for ref in node.upstream:
+                after[key(ref)].add(me)
+            if node.parent is not None:
+                after[me].add(key(node.parent))
+                has_parent = True
+        if not has_parent:
+            return
+        wanted = set(external_up)
+        for parent_id in external_parents if wanted else []:
+            for level in waits_for(using, [parent_id]):
+                for up in level & wanted:
+                    after[("old", parent_id)].add(("old", up))
+        indegree: dict[tuple[str, int], int] = dict.fromkeys(after, 0)
+        for targets in list(after.values()):
+            for target in targets:
+                indegree[target] = indegree.get(target, 0) + 1
+        free = [k for k, n in indegree.items() if n == 0]
+        while free:
+            for target in after.get(free.pop(), ()):
+                indegree[target] -= 1
+                if indegree[target] == 0:
+                    free.append(target)
+        stuck = [n.job for n in self._nodes if indegree[("new", id(n.job))] > 0]
+        if stuck:
+            raise InvalidDependencyError(
+                f"{stuck[0]!r} would wait for a container it belongs to (a cycle through "
+                "depends_on and parent); a child cannot depend on its own container."
+            )
 
     def _is_new(self, ref: JobRef | None) -> bool:
         return isinstance(ref, Job) and id(ref) in self._known

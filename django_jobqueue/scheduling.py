@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .dialects import Dialect
 
 _rng = random.Random()
+DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +79,16 @@ def plan(
 
 
 def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> int | None:
-    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit)."""
-    caps = [c for c in (None if limit is None else limit - in_flight, dynamic) if c is not None]
-    return max(0, min(caps)) if caps else None
+    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit).
+
+    Both are caps on the jobs in flight: the effective cap is the smaller one, and the room
+    is that cap minus the jobs already in flight.
+    """
+    # Fix: the dynamic cap used to be taken as room (not minus in_flight), so a hook
+    # returning 1 let a new job start on every claim while others ran (overlap up to the
+    # worker's concurrency); it is a cap on running jobs, like GROUP_LIMITS.
+    caps = [c for c in (limit, dynamic) if c is not None]
+    return max(0, min(caps) - in_flight) if caps else None
 
 
 class Scheduler:
@@ -107,6 +115,8 @@ class Scheduler:
     def ensure_limit_rows(self, using: str) -> None:
         """Create the lock rows of the configured limits (idempotent)."""
         keys = [f"group:{g}" for g in self.group_limits] + [f"queue:{q}" for q in self.queue_limits]
+        if self.dynamic is not None:
+            keys.append(DYNAMIC_KEY)
         if keys:
             ConcurrencyLimit.objects.using(using).bulk_create(
                 [ConcurrencyLimit(key=k) for k in keys], ignore_conflicts=True
@@ -137,10 +147,7 @@ class Scheduler:
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
-        slots = plan(limit, demand, in_flight, room)
-        rows: list[Job] = []
-        for group, n in slots.items():
-            rows += dialect.lock(ordered.filter(group_key=group))[:n]
+        rows = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
         if len(rows) < limit:
             # Groups missing from the cached view (new since the last refresh) get the rest;
             # limited groups are never taken this way.
@@ -151,6 +158,45 @@ class Scheduler:
             if self.dynamic is None:
                 rows += dialect.lock(extra)[: limit - len(rows)]
         return _trim_to_queue_room(rows, queue_room)
+
+    def _take_planned(
+        self,
+        dialect: Dialect,
+        ordered: JobQuerySet,
+        limit: int,
+        demand: list[GroupDemand],
+        in_flight: Mapping[str, int],
+        room: Mapping[str, int | None],
+    ) -> list[Job]:
+        """Lock the jobs `plan()` gives each group; re-plan the slots a group left unused.
+
+        Fix: a group whose ready rows were all locked by concurrent claims (SKIP LOCKED) or
+        were fewer than the cached view said got its slots anyway, and nobody else did: a
+        claim could come back empty while other groups had claimable jobs.
+        """
+        rows: list[Job] = []
+        taken: dict[str, int] = {}
+        short: set[str] = set()  # groups that yielded fewer rows than planned
+        while len(rows) < limit:
+            slots = plan(
+                limit - len(rows),
+                [d for d in demand if d.group not in short],
+                {g: in_flight.get(g, 0) + taken.get(g, 0) for g in {*in_flight, *taken}},
+                {g: None if r is None else r - taken.get(g, 0) for g, r in room.items()},
+            )
+            if not slots:
+                break
+            for group, n in slots.items():
+                got = list(
+                    dialect.lock(
+                        ordered.filter(group_key=group).exclude(pk__in=[r.pk for r in rows])
+                    )[:n]
+                )
+                if len(got) < n:
+                    short.add(group)
+                taken[group] = taken.get(group, 0) + len(got)
+                rows += got
+        return rows
 
     def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
         now = time.monotonic()
@@ -175,6 +221,9 @@ class Scheduler:
         keys = sorted(
             [f"group:{g}" for g in groups if g in self.group_limits]
             + [f"queue:{q}" for q in self.queue_limits]
+            # Fix: a dynamic cap is as global as GROUP_LIMITS, but no row serialized the claims
+            # it governs, so two workers could both see room for the same last slot.
+            + ([DYNAMIC_KEY] if self.dynamic is not None else [])
         )
         if keys:
             # Blocking FOR UPDATE (not SKIP LOCKED): a second claimer must wait and then count

@@ -68,9 +68,14 @@ def promote_downstream(dialect: Dialect, upstream_id: int) -> None:
             .values("job_id"),
         ).order_by("pk")
     )
-    candidates = list(waiting.values_list("pk", flat=True))
+    promote(dialect, list(waiting.values_list("pk", flat=True)))
+
+
+def promote(dialect: Dialect, candidates: list[int]) -> None:
+    """Make those of the waiting jobs `candidates` whose upstreams are all done `ready`."""
     if not candidates:
         return
+    jobs = Job.objects.using(dialect.using)
     blocked = set(
         JobDependency.objects.using(dialect.using)
         .filter(job_id__in=candidates)
@@ -84,6 +89,23 @@ def promote_downstream(dialect: Dialect, upstream_id: int) -> None:
         )
         for queue in set(jobs.filter(pk__in=ready).values_list("queue", flat=True)):
             notify_on_commit(dialect, queue)
+
+
+def lock_upstream(dialect: Dialect, job_ids: list[int]) -> None:
+    """Lock the rows of the jobs that the jobs `job_ids` depend on, until the transaction ends.
+
+    Whoever reads an upstream's state to decide a downstream job's fate must hold this lock:
+    an upstream becoming final concurrently then waits for this transaction (and sees its
+    writes when it promotes or cancels its downstream), or commits first and is seen here.
+    """
+    if job_ids:
+        list(
+            dialect.lock_blocking(
+                Job.objects.using(dialect.using)
+                .filter(downstream_edges__job_id__in=sorted(job_ids))
+                .order_by("pk")
+            ).values_list("pk", flat=True)
+        )
 
 
 def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
@@ -115,8 +137,20 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
 
 
 def roll_up(dialect: Dialect, container_id: int) -> None:
-    """Finish a sealed container whose children are all final: `done` if all are done."""
+    """Finish a sealed container whose children are all final: `done` if all are done.
+
+    The caller has already written its child's final state; an open container is left alone
+    without being locked (see `control.seal` for why that is safe).
+    """
     jobs = Job.objects.using(dialect.using)
+    # Fix: this used to lock the container before looking at it, open or not. A producer
+    # adding a child with depends_on holds the open container's lock while it locks the
+    # upstream rows, and a worker finishing one of those (or rolling up a container inside
+    # the open one) held that row and then waited for the open container: a deadlock
+    # (seen on PostgreSQL). An open container cannot roll up, so it needs no lock here.
+    peek = jobs.filter(pk=container_id).values_list("is_container", "sealed", "state").first()
+    if peek is None or not peek[0] or not peek[1] or peek[2] in Job.TERMINAL_STATES:
+        return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
         .values_list("is_container", "sealed", "state", "parent_id")
@@ -155,16 +189,27 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
     """Bring back the jobs that `cause_id` cancelled; return their ids.
 
     Revived jobs wait for their upstreams again; one that still has a dead or cancelled
-    upstream is cancelled again in that upstream's name.
+    upstream is cancelled again in that upstream's name. A dead container that a revived job
+    belongs to re-opens, and so revives the jobs its failure cancelled.
     """
     jobs = Job.objects.using(dialect.using)
-    ids = list(
-        dialect.lock_blocking(
-            jobs.filter(cancelled_by_id=cause_id, state=Job.State.CANCELLED).order_by("pk")
-        ).values_list("pk", flat=True)
-    )
-    if not ids:
+    cancelled = jobs.filter(cancelled_by_id=cause_id, state=Job.State.CANCELLED)
+    candidates = list(cancelled.values_list("pk", flat=True))
+    if not candidates:
         return []
+    # Fix: the revived jobs' upstream states used to be read unlocked, so an upstream dying
+    # (or finishing) concurrently saw the jobs still cancelled and skipped them, while this
+    # saw the upstream still running: the job was left waiting forever. Upstream rows are
+    # locked first, then the jobs, in the order a worker finishing an upstream locks them.
+    lock_upstream(dialect, candidates)
+    rows = list(
+        dialect.lock_blocking(cancelled.filter(pk__in=candidates).order_by("pk")).values_list(
+            "pk", "parent_id"
+        )
+    )
+    if not rows:
+        return []
+    ids = [pk for pk, _ in rows]
     jobs.filter(pk__in=ids).update(
         state=Job.State.WAITING,
         finished_at=None,
@@ -172,22 +217,74 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
         unique_slot=1,
         updated_at=DbNow(),
     )
-    for pk in ids:
-        bad = (
-            JobDependency.objects.using(dialect.using)
-            .filter(job_id=pk, depends_on__state__in=(Job.State.DEAD, Job.State.CANCELLED))
-            .values_list("depends_on_id", "depends_on__state")
-            .first()
-        )
-        if bad is not None:
-            jobs.filter(pk=pk, state=Job.State.WAITING).update(
+    # Fix: the re-cancel pass used to check the jobs once, in id order, which is not always
+    # upstream-first (Graph inserts children after top-level nodes), so a job whose upstream
+    # was re-cancelled after it had been checked stayed waiting forever. And the jobs revived
+    # here that belong to another dead container never re-opened it: it stayed dead (and its
+    # downstream cancelled) even after they finished.
+    recancelled = cancel_blocked(dialect, ids)
+    # An upstream may have become done since the job was cancelled: nothing would promote it.
+    promote(dialect, [pk for pk in ids if pk not in recancelled])
+    for parent_id in sorted({p for pk, p in rows if p is not None and pk not in recancelled}):
+        reopen_containers(dialect, parent_id)
+    return ids
+
+
+def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
+    """Cancel those of the waiting jobs `ids` that have a dead or cancelled upstream.
+
+    Each is cancelled in the name of the root cause, as `cancel_downstream` does: the
+    upstream's own cause when that upstream was cancelled because of another job, else the
+    upstream itself, so that retrying that job revives them. Repeats until no job of `ids` is
+    left blocked (one may be blocked by another of `ids`); returns the ids cancelled. The
+    caller holds the upstream rows locked (see `lock_upstream`).
+    """
+    jobs = Job.objects.using(dialect.using)
+    edges = JobDependency.objects.using(dialect.using)
+    bad_states = (Job.State.DEAD, Job.State.CANCELLED)
+    pending = set(ids)
+    cancelled: set[int] = set()
+    while pending:
+        blocked: dict[int, tuple[int, str]] = {}
+        for job_id, up_id, up_state, cause_id, cause_state in (
+            edges.filter(
+                job_id__in=sorted(pending),
+                job__state=Job.State.WAITING,
+                depends_on__state__in=bad_states,
+            )
+            .order_by("job_id", "depends_on_id")
+            .values_list(
+                "job_id",
+                "depends_on_id",
+                "depends_on__state",
+                "depends_on__cancelled_by_id",
+                "depends_on__cancelled_by__state",
+            )
+        ):
+            if cause_id is not None and cause_state in bad_states:
+                blocked.setdefault(job_id, (cause_id, cause_state))
+            else:
+                blocked.setdefault(job_id, (up_id, up_state))
+        if not blocked:
+            break
+        for job_id, (cause_id, cause_state) in sorted(blocked.items()):
+            jobs.filter(pk=job_id, state=Job.State.WAITING).update(
                 **terminal_values(
                     Job.State.CANCELLED,
-                    cancelled_by_id=bad[0],
-                    last_error=upstream_error(bad[0], bad[1]),
+                    cancelled_by_id=cause_id,
+                    last_error=upstream_error(cause_id, cause_state),
                 )
             )
-    return ids
+        parents = set(
+            jobs.filter(pk__in=list(blocked), parent_id__isnull=False).values_list(
+                "parent_id", flat=True
+            )
+        )
+        for parent_id in sorted(parents):
+            roll_up(dialect, parent_id)
+        cancelled |= blocked.keys()
+        pending -= blocked.keys()
+    return cancelled
 
 
 def reopen_containers(dialect: Dialect, container_id: int | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,7 +68,7 @@ TEMPLATES = [
     }
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-JOBQUEUE = {
+JOBQUEUE: dict[str, object] = {
     "RETRY_BACKOFF": float(os.environ.get("JOBQUEUE_TEST_BACKOFF", "0.05")),
     "RETRY_BACKOFF_MAX": 0.5,
     "LEASE_TTL": 30,
@@ -75,6 +76,15 @@ JOBQUEUE = {
     "POLL_INTERVAL": 0.05,
     "RECLAIM_INTERVAL": 0.2,
 }
+# Concurrency limits for worker subprocesses, as JSON ({"openai": 4}), and a DYNAMIC_LIMIT hook:
+# the tests of global limits pass them through the environment, the only channel into another
+# process's settings.
+for _name in ("GROUP_LIMITS", "QUEUE_LIMITS"):
+    _raw = os.environ.get(f"JOBQUEUE_TEST_{_name}")
+    if _raw:
+        JOBQUEUE[_name] = json.loads(_raw)
+if os.environ.get("JOBQUEUE_TEST_DYNAMIC_LIMIT"):  # the dotted path of a DYNAMIC_LIMIT hook
+    JOBQUEUE["DYNAMIC_LIMIT"] = os.environ["JOBQUEUE_TEST_DYNAMIC_LIMIT"]
 TASKS = {
     "default": {
         "BACKEND": "django_jobqueue.backends.JobQueueBackend",
@@ -82,6 +92,10 @@ TASKS = {
         "OPTIONS": {"MAX_ATTEMPTS": 2},
     }
 }
+# TASKS for worker subprocesses, as JSON: the tests of several aliases on the backend, or of a
+# subclass of it, pass theirs through the environment (the test process uses override_settings).
+if os.environ.get("JOBQUEUE_TEST_TASKS"):
+    TASKS = json.loads(os.environ["JOBQUEUE_TEST_TASKS"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

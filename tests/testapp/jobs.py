@@ -108,3 +108,6 @@ def bad_result() -> object:
 @jobqueue.handler("test.upstream_sum", takes_context=True)
 def upstream_sum(ctx: jobqueue.JobContext) -> int:
     return sum(v for v in ctx.upstream_results.values() if isinstance(v, int))
+
+
+from . import workflow_jobs  # noqa: E402, F401 - registers the workflow handlers
