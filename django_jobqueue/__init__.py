@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     Fail,
+    HandlerRegistrationError,
     InvalidArgumentsError,
     InvalidDependencyError,
     InvalidJobError,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .control import cancel, container, retry
     from .enqueuing import enqueue
-    from .graph import Graph, enqueue_many, graph
+    from .graphs import Graph, enqueue_many, graph
 
 try:
     __version__ = version("django-jobqueue")
@@ -36,6 +37,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "Fail",
     "Graph",
+    "HandlerRegistrationError",
     "InvalidArgumentsError",
     "InvalidDependencyError",
     "InvalidJobError",
@@ -66,9 +68,9 @@ _LAZY = {
     "cancel": "control",
     "container": "control",
     "retry": "control",
-    "Graph": "graph",
-    "enqueue_many": "graph",
-    "graph": "graph",
+    "Graph": "graphs",
+    "enqueue_many": "graphs",
+    "graph": "graphs",
 }
 
 
@@ -78,10 +80,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
     from importlib import import_module
 
-    loaded = import_module(f"{__name__}.{module}")
-    # Fix: importing the submodule `graph` makes the import system set this package's
-    # attribute `graph` to that module, which then shadowed the `graph()` function: after
-    # any use of `jobqueue.Graph` or `enqueue_many`, `jobqueue.graph()` raised "'module'
-    # object is not callable". Bind the lazy names of the module now, over the module.
-    globals().update({n: getattr(loaded, n) for n, m in _LAZY.items() if m == module})
-    return getattr(loaded, name)
+    # No module of this package is named like a lazy name: importing a submodule sets the
+    # package attribute of its name, which would shadow the function of that name.
+    return getattr(import_module(f"{__name__}.{module}"), name)

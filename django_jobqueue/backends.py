@@ -179,13 +179,16 @@ if HAS_TASKS:
         # -- enqueue ----------------------------------------------------------------------
 
         def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
-            """Write a job for `task` in the caller's transaction and send task_enqueued."""
-            from .enqueuing import enqueue
+            """Write a job for `task` and send task_enqueued.
+
+            The row is written in the caller's transaction when that is on the queue database;
+            when the queue lives on another database alias it is written there at once, in its
+            own transaction, so that the TaskResult has its id.
+            """
+            from .enqueuing import enqueue_direct
 
             self.validate_task(task)
-            run_after = task.run_after
-            if isinstance(run_after, dt.timedelta):
-                run_after = timezone.now() + run_after
+            run_after = task.run_after  # a timedelta counts from now on the database clock
             payload = {"args": list(args), "kwargs": dict(kwargs)}
             try:
                 payload = json.loads(json.dumps(normalize_json(payload), allow_nan=False))
@@ -204,7 +207,7 @@ if HAS_TASKS:
                     else task.max_attempts,
                     "timeout": self.default_timeout if task.timeout is None else task.timeout,
                 }
-            job = enqueue(
+            job = enqueue_direct(
                 task_key(self.alias, task.module_path),
                 payload,
                 # Fix: Django's validation accepts a whole float (5.0); the queue wants an int.

@@ -139,8 +139,15 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
                 f"Job {pk} cannot run again: another unfinished job holds its unique key "
                 f"{row.unique_key!r}."
             ) from None
-        workflows.revive(dialect, pk)
-        workflows.reopen_containers(dialect, row.parent_id)
+        try:
+            with transaction.atomic(using=dialect.using):
+                workflows.revive(dialect, pk)
+                workflows.reopen_containers(dialect, row.parent_id)
+        except IntegrityError:
+            raise InvalidJobError(
+                f"Job {pk} cannot run again: a job it would revive has a unique key that "
+                "another unfinished job holds now."
+            ) from None
         if not waiting:
             workflows.notify_on_commit(dialect, row.queue)
         row.refresh_from_db(using=dialect.using)

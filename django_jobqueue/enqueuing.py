@@ -12,7 +12,7 @@ from django.db.models import Model
 from . import conf, registry, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
-from .exceptions import InvalidDependencyError
+from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
 
 JobRef = Job | int
@@ -44,15 +44,43 @@ def enqueue(
     is saved then). Every check runs before anything is written. With `unique_key`, while an
     unfinished job holds the same key, that job is returned and nothing is inserted.
     """
-    using = conf.get().database
-    job, delay = _build(
-        type, args, group=group, weight=weight, priority=priority, queue=queue,
-        run_after=run_after, max_attempts=max_attempts, timeout=timeout, unique_key=unique_key,
+    return _enqueue(
+        type, args, depends_on=depends_on, parent=parent, follow_caller=True,
+        group=group, weight=weight, priority=priority, queue=queue, run_after=run_after,
+        max_attempts=max_attempts, timeout=timeout, unique_key=unique_key,
     )  # fmt: skip
+
+
+def enqueue_direct(
+    type: str,
+    args: dict[str, Any] | None = None,
+    *,
+    depends_on: Iterable[JobRef] = (),
+    parent: JobRef | None = None,
+    **options: Any,
+) -> Job:
+    """Like enqueue(), but write on the queue database at once even when the caller's open
+    transaction is on another database (the Tasks backend needs the id right away)."""
+    return _enqueue(
+        type, args, depends_on=depends_on, parent=parent, follow_caller=False, **options
+    )
+
+
+def _enqueue(
+    type: str,
+    args: dict[str, Any] | None,
+    *,
+    depends_on: Iterable[JobRef],
+    parent: JobRef | None,
+    follow_caller: bool,
+    **options: Any,
+) -> Job:
+    using = conf.get().database
+    job, delay = _build(type, args, **options)
     upstream_ids = _ids(depends_on, using, "depends_on")
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
 
-    other = _open_transaction_elsewhere(using)
+    other = _open_transaction_elsewhere(using) if follow_caller else None
     if other is not None:
         _check_refs(using, upstream_ids, parent_id, lock=False)
         transaction.on_commit(
@@ -201,8 +229,16 @@ def create_container(
         max_attempts=1,
     )
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
-    with transaction.atomic(using=using, savepoint=False):
-        _check_refs(using, [], parent_id, lock=True)
+    other = _open_transaction_elsewhere(using)
+    if other is not None:
+        # Its children would be written at that transaction's commit, after the block had
+        # sealed the container: refuse rather than build a batch that cannot take them.
+        raise InvalidJobError(
+            f"container() cannot run inside a transaction on database {other!r} while the "
+            f"queue lives on {using!r}: open the transaction on {using!r} instead."
+        )
+    with transaction.atomic(using=using):  # a savepoint: a bad parent leaves the caller's
+        _check_refs(using, [], parent_id, lock=True)  # transaction usable
         box.parent_id = parent_id
         box.save(using=using, force_insert=True)
     return box

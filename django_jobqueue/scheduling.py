@@ -14,6 +14,7 @@ A group's weight is the largest `weight` among its ready jobs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .conf import JobQueueSettings
     from .dialects import Dialect
 
+logger = logging.getLogger(__name__)
 _rng = random.Random()
 DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
 
@@ -214,8 +216,12 @@ class Scheduler:
     def _dynamic(self, group: str) -> int | None:
         if self.dynamic is None:
             return None
-        value = self.dynamic(group)
-        return None if value is None else max(0, int(value))
+        try:
+            value = self.dynamic(group)
+            return None if value is None else max(0, int(value))
+        except Exception:  # a broken hook must not stop the worker: start nothing it governs
+            logger.exception("DYNAMIC_LIMIT raised for group %r; no job of it starts now", group)
+            return 0
 
     def _lock_limits(self, dialect: Dialect, groups: list[str]) -> None:
         keys = sorted(

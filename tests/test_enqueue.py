@@ -458,3 +458,24 @@ def test_enqueue_issues_few_queries(django_assert_max_num_queries: Any) -> None:
     # savepoint, locked existence check, insert, edges, release
     with django_assert_max_num_queries(5):
         jobqueue.enqueue("test.noop", depends_on=[upstream])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_container_refuses_a_transaction_on_another_database(other_db: str) -> None:
+    with transaction.atomic(using=other_db):
+        with pytest.raises(jobqueue.InvalidJobError, match="cannot run inside a transaction"):
+            with jobqueue.container("batch"):
+                pass
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_backend_writes_at_once_when_the_transaction_is_elsewhere(other_db: str) -> None:
+    tasks = pytest.importorskip("tests.testapp.tasks")
+    if not hasattr(tasks, "add"):
+        pytest.skip("django.tasks needs Django 6.0+")
+    with pytest.raises(Rollback), transaction.atomic(using=other_db):
+        result = tasks.add.enqueue(1, 2)
+        assert result.id != "None"
+        raise Rollback
+    assert Job.objects.filter(pk=int(result.id)).exists()  # not tied to the other database

@@ -164,8 +164,8 @@ class Graph:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
 
         if connections[using].in_atomic_block:
-            with transaction.atomic(using=using, savepoint=False):
-                txn()
+            with transaction.atomic(using=using):  # a savepoint: a bad reference leaves the
+                txn()  # caller's transaction usable
         else:
             # Fix: the existing rows it locks are locked by workers too, in other orders, so
             # the database may fail this transaction to break a deadlock: retry it whole.
