@@ -462,10 +462,12 @@ def test_enqueue_issues_few_queries(django_assert_max_num_queries: Any) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_container_refuses_a_transaction_on_another_database(other_db: str) -> None:
-    with transaction.atomic(using=other_db):
-        with pytest.raises(jobqueue.InvalidJobError, match="cannot run inside a transaction"):
-            with jobqueue.container("batch"):
-                pass
+    with (
+        transaction.atomic(using=other_db),
+        pytest.raises(jobqueue.InvalidJobError, match="cannot run inside a transaction"),
+        jobqueue.container("batch"),
+    ):
+        pass
     assert Job.objects.count() == 0
 
 
