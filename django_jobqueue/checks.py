@@ -50,6 +50,18 @@ def check_database(
         problem = version_error(connection.mysql_is_mariadb, connection.mysql_version)
         if problem:
             return [checks.Error(problem, id="django_jobqueue.E002")]
+        level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
+        if level is not None and str(level).lower() != "read committed":
+            return [
+                checks.Warning(
+                    f"Database {using!r} runs transactions at {level!r}: enqueue(), cancel() "
+                    "and retry() run in your transaction and need READ COMMITTED to see "
+                    "concurrent workers' commits.",
+                    hint="Remove 'isolation_level' from OPTIONS (Django's default is READ "
+                    "COMMITTED) or set it to 'read committed'.",
+                    id="django_jobqueue.W004",
+                )
+            ]
     if connection.vendor == "sqlite":
         return _sqlite_warnings(using)
     return []

@@ -46,8 +46,11 @@ class Lease:
         )
 
 
+MAX_DELAY = 10 * 365 * 24 * 3600.0  # seconds: any longer delay is cut to ten years
+
+
 def _seconds(value: float) -> dt.timedelta:
-    return dt.timedelta(seconds=value)
+    return dt.timedelta(seconds=min(max(0.0, value), MAX_DELAY))
 
 
 def claim(
@@ -109,11 +112,20 @@ def renew(dialect: Dialect, leases: Iterable[Lease], lease_ttl: float) -> int:
         condition |= lease.q()
     if not condition:
         return 0
-    return (
-        Job.objects.using(dialect.using)
-        .filter(condition)
-        .update(lease_expires=DbNow() + _seconds(lease_ttl), heartbeat_at=DbNow())
-    )
+
+    def txn() -> int:
+        # SKIP LOCKED: a row a producer holds locked (an enqueue depending on it, a cancel in a
+        # long transaction) must not stall the renewal of all the others. The skipped row can
+        # not be reclaimed meanwhile either (reclaim skips locked rows); it is renewed next time.
+        jobs = Job.objects.using(dialect.using)
+        free = list(dialect.lock(jobs.filter(condition)).values_list("pk", flat=True))
+        if not free:
+            return 0
+        return jobs.filter(condition, pk__in=free).update(
+            lease_expires=DbNow() + _seconds(lease_ttl), heartbeat_at=DbNow()
+        )
+
+    return dialect.run_in_transaction(txn)
 
 
 def finish(
@@ -142,7 +154,8 @@ def finish(
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     """Return the delay before retry number `attempt`: exponential, capped, with +-25% jitter."""
-    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    # The exponent is capped before the power, or attempt 1025 would overflow a float.
+    delay = min(cap, base * 2.0 ** min(max(0, attempt - 1), 60))
     return float(delay * random.uniform(0.75, 1.25))
 
 
@@ -167,6 +180,10 @@ def fail(
 
     def txn() -> str | None:
         jobs = Job.objects.using(dialect.using)
+        # Lock the row first: an UPDATE that matches nothing locks nothing, so a cancel()
+        # committing between the two UPDATEs below would be lost.
+        if not list(dialect.lock_blocking(jobs.filter(lease.q())).values_list("pk", flat=True)):
+            return None
         if jobs.filter(lease.q(), cancel_requested=True).update(
             **workflows.terminal_values(Job.State.CANCELLED, last_error=error, errors=errors)
         ):

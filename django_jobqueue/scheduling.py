@@ -133,6 +133,8 @@ class Scheduler:
             return list(dialect.lock(ordered)[:limit])
         jobs = Job.objects.using(dialect.using)
         groups = [d.group for d in demand]
+        # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
+        dynamic = {g: self._dynamic(g) for g in groups} if self.dynamic else {}
         self._lock_limits(dialect, groups)
         in_flight = dict(
             jobs.in_flight()
@@ -142,7 +144,7 @@ class Scheduler:
             .values_list("group_key", "n")
         )
         room = {
-            g: remaining(self.group_limits.get(g), in_flight.get(g, 0), self._dynamic(g))
+            g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
             for g in groups
         }
         queue_room = self._queue_room(jobs)

@@ -73,7 +73,10 @@ class _Executor:
                 flight = self._queue.get()
                 if flight is None:
                     return
-                self._run(flight)  # type: ignore[operator]
+                try:
+                    self._run(flight)  # type: ignore[operator]
+                except BaseException:  # a pool thread never dies of one job: nobody would
+                    logger.exception("Unexpected error running job id=%s", flight.job.pk)
                 if flight.abandoned:
                     return  # replaced while it hung; retire
         finally:
@@ -194,6 +197,10 @@ class JobWorker:
             except (DatabaseError, InterfaceError) as exc:
                 self._database_trouble(exc)
                 continue
+            except Exception as exc:  # one bad row or hook never kills the worker
+                logger.exception("Unexpected error in the worker loop")
+                self._database_trouble(exc)
+                continue
             if self.stopping:
                 break
             if self.max_jobs is not None and self.claimed >= self.max_jobs and not self.in_flight:
@@ -271,8 +278,10 @@ class JobWorker:
                     f"job ran longer than its timeout of {flight.job.timeout}s; the attempt "
                     "was failed and its thread abandoned"
                 )
-                record_failure(self.dialect, self.conf, flight, exc)
-                self._executor.abandon(flight)
+                try:
+                    record_failure(self.dialect, self.conf, flight, exc)
+                finally:  # even if recording fails: the lease then expires and is reclaimed
+                    self._executor.abandon(flight)
 
     def _heartbeat(self) -> None:
         renewed = leases.renew(

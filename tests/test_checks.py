@@ -220,3 +220,21 @@ def test_manage_py_check_fail_level_warning() -> None:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "System check identified no issues" in result.stdout
+
+
+@pytest.mark.django_db
+def test_mysql_isolation_other_than_read_committed_warns() -> None:
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        pytest.skip("MySQL/MariaDB only")
+    from django_jobqueue.checks import check_database
+
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    options["isolation_level"] = "repeatable read"
+    try:
+        ids = [m.id for m in check_database(databases=["default"])]
+    finally:
+        del options["isolation_level"]
+    assert "django_jobqueue.W004" in ids
+    assert "django_jobqueue.W004" not in [m.id for m in check_database(databases=["default"])]

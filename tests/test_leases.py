@@ -295,3 +295,9 @@ def test_sqlite_claim_transaction_holds_the_write_lock_from_its_first_read(diale
         options.update(saved)
         connection.close()
     assert seen == ["database is locked"]
+
+
+def test_backoff_of_a_very_late_attempt_stays_capped() -> None:
+    # 2 ** 1024 overflows a float: the exponent must be capped before the power.
+    assert leases.backoff_seconds(5000, base=2.0, cap=3600.0) <= 3600.0 * 1.25
+    assert leases._seconds(float("1e300")).days == 3650

@@ -28,6 +28,6 @@ class PostgreSQLDialect(Dialect):
 
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__
-        return isinstance(exc, DatabaseError) and getattr(cause, "sqlstate", None) in (
-            _TRANSIENT_SQLSTATES
-        )
+        # psycopg 3 names it sqlstate, psycopg2 pgcode.
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return isinstance(exc, DatabaseError) and code in _TRANSIENT_SQLSTATES
