@@ -520,5 +520,11 @@ def test_graph_of_ten_thousand_jobs_is_written_in_one_transaction():
     assert states(root, sink) == ("ready", "waiting")
     assert all(job.pk for job in leaves)
     if connection.features.can_return_rows_from_bulk_insert:
-        # Bulk INSERTs of 500 jobs and 1000 edges, a few reads: far fewer statements than rows.
-        assert len(queries) < 60, len(queries)
+        # Bulk INSERTs of up to 500 jobs and 1000 edges, a few reads: far fewer statements than
+        # rows. A database's cap on query parameters can make the batches smaller (SQLite under
+        # Django 5.2 allows 999 per query), so the bound follows the backend's batch size.
+        fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+        job_batch = min(500, connection.ops.bulk_batch_size(fields, leaves))
+        bound = 40 + -(-total // job_batch) + -(-total // min(1000, job_batch * len(fields) // 2))
+        assert len(queries) < bound, (len(queries), bound)
+        assert len(queries) < total // 10
