@@ -338,6 +338,12 @@ class JobWorker:
             )
 
     def _register(self) -> None:
+        # In a write transaction of the dialect's: update_or_create reads, then writes, which a
+        # DEFERRED SQLite transaction cannot do while another worker writes ("database is
+        # locked" at once, no busy wait).
+        self.dialect.run_in_transaction(self._upsert_row)
+
+    def _upsert_row(self) -> None:
         WorkerRow.objects.using(self.dialect.using).update_or_create(
             pk=self.worker_id,
             defaults={

@@ -23,6 +23,8 @@ if _engine.endswith("sqlite3"):
     _db.setdefault("OPTIONS", {}).update(
         {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
     )
+    if os.environ.get("JOBQUEUE_TEST_SQLITE_DEFERRED"):  # a project without IMMEDIATE
+        del _db["OPTIONS"]["transaction_mode"]
     # A file, never :memory:: worker subprocesses must see the same database.
     _db["TEST"] = {"NAME": str(STATE_DIR / f"test_{RUN_ID}.sqlite3")}
 elif _engine.endswith("mysql"):

@@ -152,3 +152,20 @@ def test_queue_option_limits_what_the_worker_claims(start_worker):
     assert wait_for_job(mine.pk, *TERMINAL).state == Job.State.DONE
     assert Job.objects.get(pk=theirs.pk).state == Job.State.READY
     assert Job.objects.get(pk=default.pk).state == Job.State.READY
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_starting_together_on_deferred_sqlite_never_see_database_is_locked(
+    start_worker,
+) -> None:
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's DEFERRED transactions only")
+    jobqueue.enqueue_many([("test.noop", {})] * 300)
+    env = {"JOBQUEUE_TEST_SQLITE_DEFERRED": "1"}
+    workers = [start_worker("--burst", "--poll-interval", "0.01", env=env) for _ in range(4)]
+    for worker in workers:
+        assert worker.wait(120) == 0, worker.output()
+        assert "database is locked" not in worker.output()
+    assert Job.objects.filter(state="done").count() == 300
