@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,3 +159,24 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         # Shown by pytest only when the test failed: the tail of each worker's log.
         tail = "\n".join(worker.output().splitlines()[-40:])
         print(f"--- worker {number} (pid {worker.pid}, exit {worker.proc.returncode}) ---\n{tail}")
+
+
+def in_new_thread[T](func: Callable[[], T]) -> T:
+    """Run `func` in a new thread, hence on its own database connection and task backends."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = func()
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("django.tasks")
 
 from asgiref.sync import async_to_sync
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.tasks import (
     Task,
     TaskContext,
@@ -46,7 +46,7 @@ from django.utils import timezone
 from django_jobqueue.backends import JobQueueBackend, JobQueueTask, task_key
 from django_jobqueue.models import Job
 from django_jobqueue.worker import JobWorker, WorkerOptions
-from tests.conftest import assert_clean_log, poll
+from tests.conftest import assert_clean_log, in_new_thread, poll
 from tests.testapp import tasks
 from tests.testapp.models import RunRecord
 
@@ -72,27 +72,6 @@ def run_until_finished(*results: TaskResult, concurrency: int = 1, timeout: floa
         return all(r.is_finished for r in results)
 
     poll(finished, timeout=timeout)
-
-
-def in_other_connection[T](func: Callable[[], T]) -> T:
-    """Run `func` in a new thread, hence on another database connection."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = func()
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def aware(value: dt.datetime | None) -> bool:
@@ -312,7 +291,7 @@ def test_enqueue_writes_the_job_in_the_callers_transaction(signal_log):
         rolled_back = tasks.add.enqueue(1, 2)
         assert Job.objects.filter(pk=rolled_back.id).exists()  # the writer sees it ...
         # ... no other connection (a worker) does before the commit.
-        assert not in_other_connection(lambda: Job.objects.filter(pk=rolled_back.id).exists())
+        assert not in_new_thread(lambda: Job.objects.filter(pk=rolled_back.id).exists())
         raise Rollback
     assert not Job.objects.exists()
     with pytest.raises(TaskResultDoesNotExist):
@@ -322,7 +301,7 @@ def test_enqueue_writes_the_job_in_the_callers_transaction(signal_log):
 
     with transaction.atomic():
         kept = tasks.add.enqueue(3, 4)
-    assert in_other_connection(lambda: Job.objects.filter(pk=kept.id).exists())
+    assert in_new_thread(lambda: Job.objects.filter(pk=kept.id).exists())
     job = Job.objects.get(pk=kept.id)
     assert job.type == task_key("default", "tests.testapp.tasks.add")
     assert job.args == {"args": [3, 4], "kwargs": {}}

@@ -10,20 +10,17 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import django
 import pytest
-from django.db import connections
 from django.test import override_settings
 
 from django_jobqueue import backends, exceptions
 from django_jobqueue.models import Job
 from django_jobqueue.worker import JobWorker, WorkerOptions
-from tests.conftest import ROOT, assert_clean_log, poll
+from tests.conftest import ROOT, assert_clean_log, in_new_thread, poll
 
 HAS_TASKS = django.VERSION >= (6, 0)
 requires_tasks = pytest.mark.skipif(not HAS_TASKS, reason="django.tasks is Django 6.0+")
@@ -63,26 +60,6 @@ def run_until_terminal(*pks: Any, timeout: float = 60) -> list[Job]:
         return jobs if all(j.is_terminal for j in jobs) else None
 
     return poll(terminal, timeout=timeout)
-
-
-def in_new_thread[T](func: Callable[[], T]) -> T:
-    """Run `func` in a new thread: its own database connection and its own task backends."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = func()
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(60)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def two_aliases(**other: Any) -> dict[str, Any]:
