@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 
 TASK_KEY_PREFIX = "task"
 
-# How job states show as TaskResult statuses: waiting (on upstream jobs), ready and retrying
-# jobs are READY; leased and running are RUNNING; done is SUCCESSFUL; dead and cancelled FAILED.
+# How job states show as TaskResult statuses: waiting (on upstream jobs), scheduled (for later,
+# retries included) and ready jobs are READY; leased and running are RUNNING; done is
+# SUCCESSFUL; dead and cancelled FAILED.
 STATUS_BY_STATE = {
     "waiting": "READY",
+    "scheduled": "READY",
     "ready": "READY",
     "leased": "RUNNING",
     "running": "RUNNING",

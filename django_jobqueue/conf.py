@@ -31,6 +31,8 @@ class JobQueueSettings:
     queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
     dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
     fair_share_refresh: float = 1.0  # seconds a worker reuses its view of the ready groups
+    lock_timeout: float = 5.0  # seconds any worker statement waits for a lock, at most
+    prefetch: int = 32  # jobs claimed beyond free threads, when recent jobs are short
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
@@ -75,6 +77,7 @@ def _validate(conf: JobQueueSettings) -> None:
         "retry_backoff_max",
         "reclaim_interval",
         "fair_share_refresh",
+        "lock_timeout",
     ):
         positive(name)
     positive("timeout", allow_none=True)
@@ -97,6 +100,8 @@ def _validate(conf: JobQueueSettings) -> None:
             raise ImproperlyConfigured(
                 f"JOBQUEUE[{name.upper()!r}] must map names to integers >= 1."
             )
+    if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
+        raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
     if conf.dynamic_limit is not None and not (
         callable(conf.dynamic_limit) or isinstance(conf.dynamic_limit, str)
     ):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
-
-from . import leases
 
 if TYPE_CHECKING:
     from .dialects import Dialect
@@ -22,6 +21,7 @@ class JobContext:
     worker_id: str
     lease_ttl: float
     _dialect: Dialect = dataclasses.field(repr=False)
+    _renew: Callable[[], bool] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def job_id(self) -> int:
@@ -50,6 +50,15 @@ class JobContext:
         )
 
     def renew_lease(self) -> bool:
-        """Push back this attempt's lease deadline now; False if the lease was lost."""
-        lease = leases.Lease(self.job_id, self.worker_id, self.attempt)
-        return leases.renew(self._dialect, [lease], self.lease_ttl) == 1
+        """Push back this attempt's lease deadline now; False if the lease was lost.
+
+        The worker's heartbeat renews every lease it holds on its own thread, so a handler
+        never needs to; this is for a handler that wants to know it still holds its lease.
+        """
+        if self._renew is not None:
+            return self._renew()
+        from .leases import Lease
+        from .worker.heartbeat import renew_leases
+
+        lease = Lease(self.job_id, self.worker_id, self.attempt)
+        return renew_leases(self._dialect, [lease], self.lease_ttl, check=True) == 1

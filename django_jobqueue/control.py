@@ -142,6 +142,8 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
         try:
             with transaction.atomic(using=dialect.using):
                 workflows.revive(dialect, pk)
+                if row.parent_id is not None:
+                    workflows.reopen_counts(dialect, row.parent_id)
                 workflows.reopen_containers(dialect, row.parent_id)
         except IntegrityError:
             raise InvalidJobError(
@@ -197,7 +199,9 @@ def seal(box: Job) -> None:
                 jobs.filter(parent_id=box.pk).exclude(state__in=Job.TERMINAL_STATES).order_by("pk")
             ).values_list("pk", flat=True)
         )
-        workflows.roll_up(dialect, int(box.pk))
+        # From now on each child that finishes counts itself down (workflows.roll_up).
+        if workflows.count_open_children(dialect, int(box.pk)) == 0:
+            workflows.roll_up(dialect, int(box.pk), finished=0)
 
     _in_transaction(dialect, txn)
     box.sealed = True

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
+from django.utils import timezone
 
 from . import conf, registry, validation, wake, workflows
 from .dialects import get_dialect
@@ -136,10 +137,11 @@ def _write(
     delay: dt.datetime | dt.timedelta | None,
 ) -> Job:
     job.parent_id = parent_id
+    runnable = runnable_state(delay)
     if isinstance(delay, dt.timedelta):
         job.run_after = DbNow() + delay
     if not upstream_ids and parent_id is None and job.unique_key is None:
-        job.state = Job.State.READY
+        job.state = runnable
         job.save(using=using, force_insert=True)  # one INSERT, in autocommit or not
     else:
 
@@ -149,7 +151,7 @@ def _write(
             job._state.adding = True
             states = _check_refs(using, upstream_ids, parent_id, lock=True)
             waiting = any(s != Job.State.DONE for s in states.values())
-            job.state = Job.State.WAITING if waiting else Job.State.READY
+            job.state = Job.State.WAITING if waiting else runnable
             if job.unique_key is not None:
                 existing = _insert_unique(job, using)
                 if existing is not None:
@@ -159,6 +161,7 @@ def _write(
             JobDependency.objects.using(using).bulk_create(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )
+            mark_dependents(using, upstream_ids)
             if any(s in BAD_UPSTREAM for s in states.values()):
                 # Fix: a job created downstream of a dead or cancelled job used to wait
                 # forever (nothing would ever cancel or promote it). It is cancelled at once
@@ -186,6 +189,32 @@ def _write(
         job.refresh_from_db(using=using, fields=["run_after"])
     transaction.on_commit(lambda: wake.notify(using, job.queue), using=using)
     return job
+
+
+def runnable_state(run_after: dt.datetime | dt.timedelta | None) -> str:
+    """The state of a new job that may run once `run_after` has passed.
+
+    `scheduled` (out of the ready index until the promoter finds it due) when `run_after` lies
+    ahead, else `ready`. Decided on this machine's clock; a job scheduled by a clock that runs
+    ahead of the database's is promoted at once.
+    """
+    if run_after is None:
+        return Job.State.READY
+    if isinstance(run_after, dt.timedelta):
+        return Job.State.SCHEDULED if run_after > dt.timedelta(0) else Job.State.READY
+    now = timezone.now()
+    if timezone.is_aware(run_after) != timezone.is_aware(now):
+        return Job.State.SCHEDULED  # not comparable here: the promoter decides by the database
+    return Job.State.SCHEDULED if run_after > now else Job.State.READY
+
+
+def mark_dependents(using: str, upstream_ids: Iterable[int]) -> None:
+    """Record on the (locked) upstream rows that jobs now depend on them."""
+    ids = sorted(set(upstream_ids))
+    if ids:
+        Job.objects.using(using).filter(pk__in=ids, has_dependents=False).update(
+            has_dependents=True
+        )
 
 
 def _insert_unique(job: Job, using: str) -> Job | None:

@@ -81,3 +81,7 @@ class UpstreamFailed(JobQueueError):
 
 class JobCancelled(JobQueueError):
     """The job was cancelled while it ran; its result was discarded."""
+
+
+class ResultNotStored(JobQueueError):
+    """A handler's result cannot be stored (not JSON, or refused by the database); the job dies."""

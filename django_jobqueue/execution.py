@@ -1,4 +1,9 @@
-"""Run one claimed job: call its handler, then record the result or the error."""
+"""Run one claimed job: call its handler and say what should be recorded.
+
+The handler runs in an executor thread; its outcome (a result, or an error) is handed to the
+completer, which writes outcomes in batches on its own connection. Nothing here waits for the
+database after the handler returns.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,14 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
-
-from django.db import DatabaseError, InterfaceError, connections
 
 from . import leases, registry
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
-from .exceptions import Fail, JobTimeout, Retry, UnknownHandlerError
+from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
 from .models import Job
 
 logger = logging.getLogger(__name__)
@@ -26,36 +30,41 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(eq=False)
 class InFlight:
-    """A dispatched attempt, shared by the executor thread and the worker loop."""
+    """A claimed attempt, shared by the executor thread, the dispatcher and the completer."""
 
     job: Job
     lease: leases.Lease
-    started: float  # time.monotonic() at dispatch
-    deadline: float | None  # monotonic time after which the attempt is timed out
+    claimed: float  # time.monotonic() at the claim
+    started: float | None = None  # time.monotonic() when the handler started
+    deadline: float | None = None  # monotonic time after which the attempt is timed out
     thread_id: int | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    settled: bool = False  # an outcome was recorded (by the thread or by the timeout)
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    settled: bool = False  # an outcome was decided (by the thread or by the timeout)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)  # recorded
     # The timeout raises JobTimeout into the thread only while the handler runs: raised once
     # the thread is back in the executor loop, it would kill the thread holding the next job.
     in_handler: bool = False  # the thread is inside the handler call
     abandoned: bool = False  # JobTimeout was raised into the thread; it retires afterwards
-    lease_ttl: float | None = None  # the worker's lease TTL, for JobContext.renew_lease()
+    lease_ttl: float | None = None  # the worker's lease TTL, for JobContext
+    renew: Callable[[], bool] | None = None  # JobContext.renew_lease(), owned by the heartbeat
 
     def settle(self) -> bool:
-        """Claim the right to record this attempt's outcome; False if already taken."""
+        """Claim the right to decide this attempt's outcome; False if already taken."""
         with self.lock:
             if self.settled:
                 return False
             self.settled = True
             return True
 
-    def enter_handler(self) -> bool:
-        """Mark the handler as running; False if the attempt was settled (timed out) already."""
+    def enter_handler(self, timeout: float | None) -> bool:
+        """Mark the handler as running; False if the attempt was settled (released) already."""
         with self.lock:
             if self.settled:
                 return False
             self.in_handler = True
+            self.started = time.monotonic()
+            if timeout:
+                self.deadline = self.started + timeout
             return True
 
     def leave_handler(self) -> None:
@@ -78,12 +87,31 @@ class InFlight:
             _set_async_exc(self.thread_id, JobTimeout)
             return True
 
+    def duration(self) -> float:
+        """Seconds since the handler started (or since the claim, if it has not)."""
+        return time.monotonic() - (self.started or self.claimed)
+
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     """Raise `exc` asynchronously in thread `thread_id`; None clears a pending one."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc)
     )
+
+
+@dataclasses.dataclass(eq=False)
+class Outcome:
+    """What to record for one attempt: a result (`error` None) or a failure."""
+
+    flight: InFlight
+    result: Any = None
+    error: BaseException | None = None
+    duration: float = 0.0
+    text: str | None = None  # the result as JSON text (None: SQL NULL, as the ORM stores None)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None
 
 
 def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
@@ -97,112 +125,112 @@ def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True)
     }
 
 
-def record_failure(
-    dialect: Dialect, conf: JobQueueSettings, flight: InFlight, exc: BaseException
-) -> None:
-    """Fail the attempt: retry later (backoff, or as `Retry` asked) or mark it dead."""
+def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
+    """Run `flight`'s handler in this thread; return its outcome, or None if it was settled.
+
+    The result is checked here (in the executor thread, not the completer) to be JSON that
+    can be stored: a result that is not is deterministic, so the attempt fails for good
+    rather than running the handler again.
+    """
+    flight.thread_id = threading.get_ident()
     job, lease = flight.job, flight.lease
-    error = error_info(exc, lease.attempt)
-    duration = time.monotonic() - flight.started
-    where: dict[str, Any] = {"parent_id": job.parent_id, "previous_errors": job.errors}
-    if isinstance(exc, Fail | UnknownHandlerError) or lease.attempt >= job.max_attempts:
-        state = leases.fail(dialect, lease, error, dead=True, **where)
-        when = ""
+    if not flight.enter_handler(_effective_timeout(job)):
+        return None  # released (shutdown) before it started
+    logger.info("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
+    try:
+        try:
+            result = _call(dialect, conf, flight)
+        finally:
+            flight.leave_handler()
+        try:
+            text = None if result is None else json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ResultNotStored(
+                f"the result of job {job.pk} is not JSON-serializable: {exc}"
+            ) from exc
+    except JobTimeout as exc:
+        # Raised into this thread by the dispatcher, which settled the attempt already; or by
+        # an async handler timing itself out, in which case this records it.
+        if not flight.settle():
+            return None
+        return Outcome(flight, error=exc, duration=flight.duration())
+    except BaseException as exc:  # one bad job never kills the worker, SystemExit included
+        if not flight.settle():
+            return None
+        return Outcome(flight, error=exc, duration=flight.duration())
+    if not flight.settle():
+        return None  # timed out meanwhile: the late result is fenced off
+    return Outcome(flight, result=result, duration=flight.duration(), text=text)
+
+
+def failure_plan(outcome: Outcome, conf: JobQueueSettings) -> dict[str, Any]:
+    """Return the keyword arguments of leases.fail() for a failed attempt."""
+    exc = outcome.error
+    assert exc is not None
+    job, lease = outcome.flight.job, outcome.flight.lease
+    plan: dict[str, Any] = {"parent_id": job.parent_id}
+    if (
+        isinstance(exc, Fail | UnknownHandlerError | ResultNotStored)
+        or lease.attempt >= job.max_attempts
+    ):
+        plan["dead"] = True
     elif isinstance(exc, Retry):
-        state = leases.fail(dialect, lease, error, retry_in=exc.delay, retry_at=exc.at, **where)
-        when = f" (retry asked for: delay={exc.delay} at={exc.at})"
+        plan.update(retry_in=exc.delay, retry_at=exc.at)
     else:
-        delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
-        state = leases.fail(dialect, lease, error, retry_in=delay, **where)
-        when = f", retry in {delay:.1f}s"
+        plan["retry_in"] = leases.backoff_seconds(
+            lease.attempt, conf.retry_backoff, conf.retry_backoff_max
+        )
+    return plan
+
+
+def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None = None) -> None:
+    """Log what became of an attempt."""
+    flight = outcome.flight
+    job, lease = flight.job, flight.lease
     if state is None:
-        _log_lost(flight)
+        logger.warning(
+            "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
+            job.pk, job.type, lease.attempt,
+        )  # fmt: skip
         return
-    verb = {"ready": "failed", "dead": "died", "cancelled": "was cancelled"}.get(state, state)
-    level = logging.ERROR if state == "dead" else logging.WARNING
+    if outcome.error is None:
+        logger.info(
+            "Job id=%s type=%s attempt=%s %s in %.3fs",
+            job.pk, job.type, lease.attempt, state, outcome.duration,
+        )  # fmt: skip
+        return
+    exc = outcome.error
+    when = ""
+    if state in ("ready", "scheduled") and plan:
+        if plan.get("retry_at") is not None or isinstance(exc, Retry):
+            when = f" (retry asked for: delay={plan.get('retry_in')} at={plan.get('retry_at')})"
+        else:
+            when = f", retry in {plan.get('retry_in', 0):.1f}s"
+    verb = {"ready": "failed", "scheduled": "failed", "dead": "died", "cancelled": "was cancelled"}
+    cls = type(exc)
     logger.log(
-        level,
-        "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s: %s",
-        job.pk, job.type, lease.attempt, verb, duration, when if state == "ready" else "",
-        error["type"], exc,
+        logging.ERROR if state == "dead" else logging.WARNING,
+        "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s.%s: %s",
+        job.pk, job.type, lease.attempt, verb.get(state, state), outcome.duration, when,
+        cls.__module__, cls.__qualname__, exc,
     )  # fmt: skip
 
 
-def _log_lost(flight: InFlight) -> None:
-    logger.warning(
-        "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
-        flight.job.pk,
-        flight.job.type,
-        flight.lease.attempt,
-    )
-
-
-def execute(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> None:
-    """Run `flight`'s handler in this thread and record its outcome under the lease."""
-    flight.thread_id = threading.get_ident()
-    job, lease = flight.job, flight.lease
-    try:
-        # Retried like the other lease writes: this thread's connection may have been idle
-        # since its last job and dropped by the server meanwhile; without a retry the job
-        # would sit leased until its lease expired. start() is fenced, so a repeat is safe.
-        job.worker_ids = [*job.worker_ids, lease.owner]
-        if not _with_retries(lambda: leases.start(dialect, lease, job.worker_ids), flight):
-            flight.settle()
-            _log_lost(flight)
-            return
-        logger.info("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
-        try:
-            if not flight.enter_handler():
-                return  # timed out before the handler started
-            try:
-                result = _call(dialect, conf, flight)
-            finally:
-                flight.leave_handler()
-            json.dumps(result, allow_nan=False)
-        except JobTimeout as exc:
-            # Raised into this thread by the worker loop, which already recorded the timeout.
-            if flight.settle():
-                record_failure(dialect, conf, flight, exc)
-            return
-        except BaseException as exc:  # one bad job never kills the worker, SystemExit included
-            error = exc
-            if flight.settle():
-                _with_retries(lambda: record_failure(dialect, conf, flight, error), flight)
-            return
-        if not flight.settle():
-            return  # timed out meanwhile: the late result is fenced off
-        state = _with_retries(
-            lambda: leases.finish(dialect, lease, result, parent_id=job.parent_id), flight
-        )
-        if state is None:
-            _log_lost(flight)
-        else:
-            logger.info(
-                "Job id=%s type=%s attempt=%s %s in %.3fs",
-                job.pk, job.type, lease.attempt, state, time.monotonic() - flight.started,
-            )  # fmt: skip
-    except (DatabaseError, InterfaceError):
-        logger.exception("Could not record the outcome of job id=%s; its lease will expire", job.pk)
-    finally:
-        _tidy_connection(dialect.using)
-        flight.done.set()
-
-
 # An async handler times itself out (asyncio.wait_for, in its own thread) and records the
-# failure cleanly; the worker loop steps in only this much later, for a coroutine that blocks its
+# failure cleanly; the dispatcher steps in only this much later, for a coroutine that blocks its
 # event loop. Raising JobTimeout into asyncio.run() can leave its event loop half-closed.
 ASYNC_TIMEOUT_GRACE = 1.0
 
 
-def attempt_deadline(job: Job, started: float) -> float | None:
-    """Return the monotonic time after which the worker loop times out this attempt, or None."""
+def _effective_timeout(job: Job) -> float | None:
+    """Seconds after the handler's start at which the dispatcher times the attempt out."""
     if not job.timeout:
         return None
     try:
         is_async = registry.get(job.type).is_async
     except UnknownHandlerError:
         is_async = False
-    return started + job.timeout + (ASYNC_TIMEOUT_GRACE if is_async else 0.0)
+    return job.timeout + (ASYNC_TIMEOUT_GRACE if is_async else 0.0)
 
 
 def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
@@ -211,7 +239,11 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
     args: tuple[Any, ...] = ()
     if handler.takes_context:
         ttl = flight.lease_ttl or conf.lease_ttl
-        args = (JobContext(job, flight.lease.attempt, flight.lease.owner, ttl, dialect),)
+        args = (
+            JobContext(
+                job, flight.lease.attempt, flight.lease.owner, ttl, dialect, _renew=flight.renew
+            ),
+        )
     if not handler.is_async:
         return handler.func(*args, **job.args)
     timeout = job.timeout
@@ -220,30 +252,3 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
         return asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
     except TimeoutError:
         raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
-
-
-def _with_retries(func: Any, flight: InFlight, tries: int = 5) -> Any:
-    """Run a lease write, retrying through a lost connection (the lease fence keeps it safe)."""
-    delay = 0.2
-    for attempt in range(1, tries + 1):
-        try:
-            return func()
-        except (DatabaseError, InterfaceError) as exc:
-            if attempt == tries:
-                raise
-            logger.warning("Recording job id=%s failed (%s); retrying", flight.job.pk, exc)
-            _tidy_connection(flight.job._state.db or "default", force=True)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-    return None
-
-
-def _tidy_connection(using: str, *, force: bool = False) -> None:
-    """Drop this thread's connection if a handler or the server broke it."""
-    conn = connections[using]
-    if force or conn.errors_occurred:
-        if conn.in_atomic_block:
-            return
-        if force or not conn.is_usable():
-            conn.close()
-        conn.errors_occurred = False

@@ -13,7 +13,17 @@ from django.db import connections, transaction
 
 from . import conf, validation, wake, workflows
 from .dialects import get_dialect
-from .enqueuing import BAD_UPSTREAM, CANCEL_FIELDS, JobRef, _build, _check_refs, _ids, waits_for
+from .enqueuing import (
+    BAD_UPSTREAM,
+    CANCEL_FIELDS,
+    JobRef,
+    _build,
+    _check_refs,
+    _ids,
+    mark_dependents,
+    runnable_state,
+    waits_for,
+)
 from .exceptions import InvalidDependencyError
 from .models import Job, JobDependency
 
@@ -111,6 +121,12 @@ class Graph:
             self._check_acyclic(using, external_up, external_parents)
             levels: dict[int, list[_Node]] = {}
             depth: dict[int, int] = {}
+            upstream_of_others = {id(r) for n in self._nodes for r in n.upstream if self._is_new(r)}
+            # Containers are inserted sealed: each counts its children down as they finish.
+            children: dict[int, int] = defaultdict(int)
+            for node in self._nodes:
+                if self._is_new(node.parent):
+                    children[id(node.parent)] += 1
             for node in self._nodes:
                 parent = node.parent
                 level = depth[id(parent)] + 1 if self._is_new(parent) else 0
@@ -127,8 +143,12 @@ class Graph:
                         if not self._is_new(r)
                     )
                     job.state = (
-                        Job.State.WAITING if blocked or job.is_container else Job.State.READY
+                        Job.State.WAITING
+                        if blocked or job.is_container
+                        else runnable_state(job.run_after)
                     )
+                    job.has_dependents = id(job) in upstream_of_others
+                    job.open_children = children.get(id(job), 0)
                 _bulk_insert(using, [n.job for n in batch])
             JobDependency.objects.using(using).bulk_create(
                 [
@@ -138,6 +158,7 @@ class Graph:
                 ],
                 batch_size=1000,
             )
+            mark_dependents(using, external_up)
             if any(s in BAD_UPSTREAM for s in states.values()):
                 # Fix: jobs downstream of an existing dead or cancelled job used to wait
                 # forever; they are cancelled in its name, as enqueue() does.
@@ -159,7 +180,7 @@ class Graph:
             if boxes:
                 dialect = get_dialect(using)
                 for box in reversed(boxes):  # inner containers first
-                    workflows.roll_up(dialect, int(box.pk))
+                    workflows.roll_up(dialect, int(box.pk), finished=0)
             for queue in {n.job.queue for n in self._nodes}:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
 

@@ -1,24 +1,28 @@
 """Lease transitions, each conditioned on (job id, owner, generation).
 
 A claim increments `attempts`; that number is the claim's generation. Every later write by
-the claiming worker (start, renew, finish, fail, release) matches id, owner, generation and a
-leased state, so an attempt whose lease was reclaimed changes nothing: it gets 0 rows back.
-All deadlines use the database clock (DbNow), never the worker's.
+the claiming worker (finish, fail, release, renew) matches id, owner, generation and a leased
+state, so an attempt whose lease was reclaimed changes nothing: it gets 0 rows back. All
+deadlines use the database clock (DbNow), never the worker's. The claim marks jobs `running`
+at once: a claimed job's handler starts within milliseconds, so a separate `running` write
+would cost a transaction per job and buy nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
 from . import workflows
 from .dialects import Dialect
+from .dialects.base import MAX_DELAY, FinishReport, seconds
 from .dialects.functions import DbNow
 from .models import Job
 
@@ -26,6 +30,11 @@ if TYPE_CHECKING:
     from .scheduling import Scheduler
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["BUSY", "MAX_DELAY", "Lease", "backoff_seconds", "claim", "fail", "finish"]
+
+# fail() could not lock the job's row (another transaction holds it): try again later.
+BUSY = "busy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +55,16 @@ class Lease:
         )
 
 
-MAX_DELAY = 10 * 365 * 24 * 3600.0  # seconds: any longer delay is cut to ten years
-
-
 def _seconds(value: float) -> dt.timedelta:
-    return dt.timedelta(seconds=min(max(0.0, value), MAX_DELAY))
+    return seconds(value)
+
+
+def current(leases: Iterable[Lease]) -> Q:
+    """Match the job rows of every lease in `leases` while it is current (empty Q: none)."""
+    condition = Q()
+    for lease in leases:
+        condition |= lease.q()
+    return condition
 
 
 def claim(
@@ -62,68 +76,40 @@ def claim(
     lease_ttl: float,
     scheduler: Scheduler | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` ready jobs for `owner` in one transaction.
+    """Claim up to `limit` ready jobs for `owner` in one transaction; they are `running`.
 
-    The ready rows are read with the dialect's claim lock (FOR UPDATE SKIP LOCKED, or the
-    SQLite write lock taken at BEGIN IMMEDIATE) and flipped to `leased` in the same
-    transaction, so two workers can never claim the same row.
+    The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
+    BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
+    same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
+    database has it.
     """
 
     def txn() -> list[Job]:
-        jobs = Job.objects.using(dialect.using)
-        ready = jobs.ready().in_queues(queues)
-        if scheduler is None:
-            rows = list(dialect.lock(ready.order_by("-priority", "pk"))[:limit])
-        else:
-            rows = scheduler.select(dialect, ready, limit)
-        if not rows:
-            return []
-        jobs.filter(pk__in=[r.pk for r in rows]).update(
-            state=Job.State.LEASED,
-            attempts=F("attempts") + 1,
-            lease_owner=owner,
-            lease_expires=DbNow() + _seconds(lease_ttl),
-            heartbeat_at=DbNow(),
-            updated_at=DbNow(),
-        )
-        for row in rows:
-            row.state = Job.State.LEASED
-            row.attempts += 1
-            row.lease_owner = owner
-        return rows
+        ready = Job.objects.using(dialect.using).ready().in_queues(queues)
+        if scheduler is None or not scheduler.needs_planning(ready):
+            return dialect.claim_ready(ready, owner=owner, limit=limit, lease_ttl=lease_ttl)
+        rows = scheduler.select(dialect, ready, limit)
+        return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
 
     return dialect.run_in_transaction(txn)
 
 
-def start(dialect: Dialect, lease: Lease, worker_ids: list[str] | None = None) -> bool:
-    """Mark the leased job `running` (recording `worker_ids`); False when the lease was lost."""
-    values: dict[str, Any] = {"state": Job.State.RUNNING, "started_at": DbNow()}
-    if worker_ids is not None:
-        values["worker_ids"] = worker_ids
-    return bool(
-        Job.objects.using(dialect.using).filter(lease.q()).update(updated_at=DbNow(), **values)
-    )
+def finish_many(
+    dialect: Dialect, owner: str, items: Sequence[tuple[int, int, str | None]]
+) -> FinishReport:
+    """Store each (job id, attempt, result as JSON text) and mark the job `done`, at once.
 
+    Fenced by the lease of `owner`: jobs whose lease is gone are reported `lost` and untouched;
+    rows locked by another transaction are reported `busy` (nothing waits for them). A job
+    whose cancellation was requested while it ran ends `cancelled`, its result discarded. The
+    graph reacts in the same transaction, and only for jobs whose rows say they have
+    dependents or a container.
+    """
 
-def renew(dialect: Dialect, leases: Iterable[Lease], lease_ttl: float) -> int:
-    """Push back the deadline of every lease in `leases` in one statement; return rows renewed."""
-    condition = Q()
-    for lease in leases:
-        condition |= lease.q()
-    if not condition:
-        return 0
-
-    def txn() -> int:
-        # SKIP LOCKED: a row a producer holds locked (an enqueue depending on it, a cancel in a
-        # long transaction) must not stall the renewal of all the others. The skipped row can
-        # not be reclaimed meanwhile either (reclaim skips locked rows); it is renewed next time.
-        jobs = Job.objects.using(dialect.using)
-        free = list(dialect.lock(jobs.filter(condition)).values_list("pk", flat=True))
-        if not free:
-            return 0
-        return jobs.filter(condition, pk__in=free).update(
-            lease_expires=DbNow() + _seconds(lease_ttl), heartbeat_at=DbNow()
-        )
+    def txn() -> FinishReport:
+        report = dialect.finish_many(owner=owner, items=items)
+        workflows.on_finished(dialect, report.finished)
+        return report
 
     return dialect.run_in_transaction(txn)
 
@@ -136,20 +122,9 @@ def finish(
     A job whose cancellation was requested while it ran ends `cancelled` and its result is
     discarded. Returns the final state, or None (writing nothing) when the lease is lost.
     """
-
-    def txn() -> str | None:
-        jobs = Job.objects.using(dialect.using)
-        state = Job.State.DONE
-        if not jobs.filter(lease.q(), cancel_requested=False).update(
-            **workflows.terminal_values(state, result=result)
-        ):
-            state = Job.State.CANCELLED
-            if not jobs.filter(lease.q()).update(**workflows.terminal_values(state)):
-                return None
-        workflows.on_terminal(dialect, lease.job_id, state, parent_id)
-        return str(state)
-
-    return dialect.run_in_transaction(txn)
+    text = None if result is None else json.dumps(result)
+    report = finish_many(dialect, lease.owner, [(lease.job_id, lease.attempt, text)])
+    return report.finished[0].state if report.finished else None
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -170,35 +145,43 @@ def fail(
     parent_id: int | None = None,
     previous_errors: list[dict[str, Any]] | None = None,
 ) -> str | None:
-    """Record a failed attempt: back to `ready` after a delay, or `dead`.
+    """Record a failed attempt: back to `scheduled`/`ready` after a delay, or `dead`.
 
-    A job whose cancellation was requested ends `cancelled` instead. Returns the new state, or
-    None when the lease is no longer current.
+    A job whose cancellation was requested ends `cancelled` instead. Returns the new state,
+    None when the lease is no longer current, or BUSY when another transaction holds the row
+    locked (nothing is written; try again). `previous_errors` is ignored: the history is read
+    from the row under its lock.
     """
-
-    errors = [*(previous_errors or []), error]
 
     def txn() -> str | None:
         jobs = Job.objects.using(dialect.using)
-        # Lock the row first: an UPDATE that matches nothing locks nothing, so a cancel()
-        # committing between the two UPDATEs below would be lost.
-        if not list(dialect.lock_blocking(jobs.filter(lease.q())).values_list("pk", flat=True)):
-            return None
-        if jobs.filter(lease.q(), cancel_requested=True).update(
-            **workflows.terminal_values(Job.State.CANCELLED, last_error=error, errors=errors)
-        ):
-            workflows.on_terminal(dialect, lease.job_id, Job.State.CANCELLED, parent_id)
-            return str(Job.State.CANCELLED)
-        if dead:
-            if not jobs.filter(lease.q()).update(
-                **workflows.terminal_values(Job.State.DEAD, last_error=error, errors=errors)
-            ):
-                return None
-            workflows.on_terminal(dialect, lease.job_id, Job.State.DEAD, parent_id)
-            return str(Job.State.DEAD)
-        run_after = retry_at if retry_at is not None else DbNow() + _seconds(retry_in or 0.0)
-        updated = jobs.filter(lease.q()).update(
-            state=Job.State.READY,
+        # Lock the row first (an UPDATE that matches nothing locks nothing, so a cancel()
+        # committing between the two UPDATEs below would be lost), skipping it if locked.
+        row = (
+            dialect.lock(jobs.filter(lease.q()))
+            .values_list("errors", "cancel_requested", "has_dependents")
+            .first()
+        )
+        if row is None:
+            return BUSY if _held_elsewhere(dialect, lease) else None
+        history, cancel_requested, has_dependents = row
+        errors = [*(history or []), error]
+        if cancel_requested or dead:
+            state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
+            jobs.filter(lease.q()).update(
+                **workflows.terminal_values(state, last_error=error, errors=errors)
+            )
+            workflows.on_terminal(
+                dialect, lease.job_id, state, parent_id, has_dependents=has_dependents
+            )
+            return str(state)
+        delay = retry_in or 0.0
+        run_after = retry_at if retry_at is not None else DbNow() + _seconds(delay)
+        # Due at once: `ready` now. Otherwise `scheduled`, out of the ready index until the
+        # promoter finds it due (a retry_at already past is promoted at once).
+        state = Job.State.READY if retry_at is None and delay <= 0 else Job.State.SCHEDULED
+        jobs.filter(lease.q()).update(
+            state=state,
             run_after=run_after,
             lease_owner=None,
             lease_expires=None,
@@ -206,9 +189,19 @@ def fail(
             errors=errors,
             updated_at=DbNow(),
         )
-        return str(Job.State.READY) if updated else None
+        if state == Job.State.READY:
+            queue = jobs.filter(pk=lease.job_id).values_list("queue", flat=True).get()
+            workflows.notify_on_commit(dialect, queue)
+        return str(state)
 
     return dialect.run_in_transaction(txn)
+
+
+def _held_elsewhere(dialect: Dialect, lease: Lease) -> bool:
+    """Whether the lease is still current but its row is locked by another transaction."""
+    if not dialect.has_select_for_update_skip_locked:
+        return False
+    return Job.objects.using(dialect.using).filter(lease.q()).exists()
 
 
 def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
@@ -216,9 +209,7 @@ def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
 
     A job whose cancellation was requested is not handed back: it ends `cancelled`.
     """
-    condition = Q()
-    for lease in leases:
-        condition |= lease.q()
+    condition = current(leases)
     if not condition:
         return 0
 
@@ -227,17 +218,22 @@ def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
         doomed = list(
             dialect.lock_blocking(
                 jobs.filter(condition, cancel_requested=True).order_by("pk")
-            ).values_list("pk", "parent_id")
+            ).values_list("pk", "parent_id", "has_dependents")
         )
-        for pk, parent_id in doomed:
+        for pk, parent_id, has_dependents in doomed:
             jobs.filter(pk=pk).update(**workflows.terminal_values(Job.State.CANCELLED))
-            workflows.on_terminal(dialect, pk, Job.State.CANCELLED, parent_id)
-        return len(doomed) + jobs.filter(condition).update(
+            workflows.on_terminal(
+                dialect, pk, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
+            )
+        queues = set(jobs.filter(condition).values_list("queue", flat=True))
+        released = jobs.filter(condition).update(
             state=Job.State.READY,
             attempts=F("attempts") - 1,
             lease_owner=None,
             lease_expires=None,
             updated_at=DbNow(),
         )
+        workflows.notify_on_commit(dialect, queues)
+        return len(doomed) + released
 
     return dialect.run_in_transaction(txn)

@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .dialects.functions import DbNow
-from .dialects.indexes import ReadyIndex
+from .dialects.indexes import ReadyIndex, StateIndex
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -21,6 +21,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state=Job.State.READY).filter(
             Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
         )
+
+    def due(self) -> JobQuerySet:
+        """Scheduled jobs whose `run_after` has passed (database clock): ready to promote."""
+        return self.filter(state=Job.State.SCHEDULED, run_after__lte=DbNow())
 
     def in_flight(self) -> JobQuerySet:
         """Jobs held by a worker's lease."""
@@ -44,7 +48,8 @@ class Job(models.Model):
 
     class State(models.TextChoices):
         WAITING = "waiting", _("waiting")  # blocked on upstream jobs, or a container
-        READY = "ready", _("ready")  # runnable once run_after has passed
+        SCHEDULED = "scheduled", _("scheduled")  # runnable once run_after has passed
+        READY = "ready", _("ready")  # runnable now
         LEASED = "leased", _("leased")  # claimed by a worker, not started yet
         RUNNING = "running", _("running")  # its handler is executing
         DONE = "done", _("done")  # finished with a result (terminal)
@@ -83,6 +88,11 @@ class Job(models.Model):
     errors = models.JSONField(_("errors"), default=list, blank=True)  # one per failed attempt
     worker_ids = models.JSONField(_("workers"), default=list, blank=True)  # one per start
     is_container = models.BooleanField(_("container"), default=False)
+    # Set once a job depends on this one: a job without dependents and without a container
+    # finishes without looking for downstream work (the row says so; no query needed).
+    has_dependents = models.BooleanField(_("has dependents"), default=False, editable=False)
+    # A sealed container's children that are not final yet; it rolls up when this reaches 0.
+    open_children = models.IntegerField(_("open children"), default=0, editable=False)
     sealed = models.BooleanField(_("sealed"), default=False)  # a container takes no more children
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     cancelled_by = models.ForeignKey(
@@ -112,6 +122,14 @@ class Job(models.Model):
         indexes = [
             # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.
             ReadyIndex(fields=["-priority", "id"], name="jobqueue_job_ready"),
+            # The best ready job of one group, for fair share and group limits.
+            StateIndex(
+                fields=["group_key", "-priority", "id"],
+                state="ready",
+                name="jobqueue_job_ready_group",
+            ),
+            # Scheduled jobs by due time, for the promoter.
+            StateIndex(fields=["run_after"], state="scheduled", name="jobqueue_job_scheduled"),
             models.Index(fields=["lease_expires"], name="jobqueue_job_lease_expires"),
             models.Index(fields=["state", "finished_at"], name="jobqueue_job_state_finished"),
         ]
@@ -140,7 +158,16 @@ class Job(models.Model):
             models.CheckConstraint(
                 name="jobqueue_job_state_valid",
                 condition=Q(
-                    state__in=["waiting", "ready", "leased", "running", "done", "dead", "cancelled"]
+                    state__in=[
+                        "waiting",
+                        "scheduled",
+                        "ready",
+                        "leased",
+                        "running",
+                        "done",
+                        "dead",
+                        "cancelled",
+                    ]
                 ),
             ),
             models.CheckConstraint(
@@ -194,7 +221,12 @@ class JobDependency(models.Model):
 
 
 class Worker(models.Model):
-    """A live worker process, kept fresh by its heartbeat and removed on clean exit."""
+    """A live worker process, kept fresh by its heartbeat and removed on clean exit.
+
+    The row is the worker's liveness: its heartbeat pushes `expires_at` forward and lists the
+    jobs it holds in `job_ids`. A lease is reclaimed only from a worker whose row has expired
+    (or that no longer lists the job), never because a job row could not be renewed.
+    """
 
     id = models.CharField(_("worker id"), max_length=255, primary_key=True)
     host = models.CharField(_("host"), max_length=255)
@@ -203,6 +235,9 @@ class Worker(models.Model):
     concurrency = models.IntegerField(_("concurrency"))
     started_at = models.DateTimeField(_("started"))
     heartbeat_at = models.DateTimeField(_("last heartbeat"))
+    lease_ttl = models.FloatField(_("lease TTL (seconds)"), default=30.0)
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)  # heartbeat + TTL
+    job_ids = models.JSONField(_("jobs held"), default=list, blank=True)
 
     class Meta:
         verbose_name = _("worker")

@@ -124,13 +124,32 @@ class Scheduler:
                 [ConcurrencyLimit(key=k) for k in keys], ignore_conflicts=True
             )
 
+    @property
+    def has_limits(self) -> bool:
+        """Whether any limit applies (GROUP_LIMITS, QUEUE_LIMITS or DYNAMIC_LIMIT)."""
+        return bool(self.group_limits or self.queue_limits or self.dynamic)
+
+    def needs_planning(self, ready: JobQuerySet) -> bool:
+        """Whether this claim must go through `select()` rather than take the best jobs.
+
+        Without limits, only several groups with ready work need planning. The view of the
+        groups is cached, so this costs a query at most once per FAIR_SHARE_REFRESH.
+        """
+        if self.has_limits:
+            return True
+        return len(self._current_demand(ready)) > 1
+
     def select(self, dialect: Dialect, ready: JobQuerySet, limit: int) -> list[Job]:
-        """Lock and return up to `limit` jobs from `ready`, fairly and within the limits."""
+        """Lock and return up to `limit` jobs from `ready`, fairly and within the limits.
+
+        The view of which groups have ready work is at most FAIR_SHARE_REFRESH old: a group
+        new since then gets its first slot at the next refresh. The view is not refreshed
+        because a limit binds (that would be a GROUP BY over the ready set per claim).
+        """
         ordered = ready.order_by("-priority", "pk")
         demand = self._current_demand(ready)
-        simple = not (self.group_limits or self.queue_limits or self.dynamic)
-        if simple and len(demand) <= 1:
-            return list(dialect.lock(ordered)[:limit])
+        if not self.has_limits and len(demand) <= 1:
+            return list(dialect.lock(ordered.defer("result"))[:limit])
         jobs = Job.objects.using(dialect.using)
         groups = [d.group for d in demand]
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
@@ -152,15 +171,6 @@ class Scheduler:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
         rows = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
-        if len(rows) < limit:
-            # Groups missing from the cached view (new since the last refresh) get the rest;
-            # limited groups are never taken this way.
-            self._demand_until = 0.0
-            extra = ordered.exclude(group_key__in=groups).exclude(
-                group_key__in=list(self.group_limits)
-            )
-            if self.dynamic is None:
-                rows += dialect.lock(extra)[: limit - len(rows)]
         return _trim_to_queue_room(rows, queue_room)
 
     def _take_planned(
@@ -193,7 +203,9 @@ class Scheduler:
             for group, n in slots.items():
                 got = list(
                     dialect.lock(
-                        ordered.filter(group_key=group).exclude(pk__in=[r.pk for r in rows])
+                        ordered.filter(group_key=group)
+                        .exclude(pk__in=[r.pk for r in rows])
+                        .defer("result")
                     )[:n]
                 )
                 if len(got) < n:
@@ -204,7 +216,9 @@ class Scheduler:
 
     def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
         now = time.monotonic()
-        if now >= self._demand_until:
+        # An empty view is refreshed at every claim under limits: the first jobs after an
+        # idle spell must not wait for the refresh (the GROUP BY is cheap on an empty set).
+        if now >= self._demand_until or (not self._demand and self.has_limits):
             self._demand = [
                 GroupDemand(group, weight, count)
                 for group, weight, count in ready.order_by()

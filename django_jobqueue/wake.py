@@ -38,6 +38,11 @@ def wait(timeout: float) -> bool:
     return woken
 
 
+def clear() -> None:
+    """Forget earlier wake-ups (the dispatcher calls this before it looks for work)."""
+    _event.clear()
+
+
 def wake_up() -> None:
     """Wake a waiting worker loop now (used on shutdown signals)."""
     _event.set()

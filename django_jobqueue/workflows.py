@@ -9,27 +9,28 @@ Called inside the transaction that made the job terminal, never from the ready-s
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Case, Value, When
 
 from . import wake
 from .dialects import Dialect
+from .dialects.base import Finished, terminal_columns
 from .dialects.functions import DbNow
 from .models import Job, JobDependency
 
+terminal_values = terminal_columns
 
-def terminal_values(state: str, **extra: Any) -> dict[str, Any]:
-    """Return the column values of a move to the final `state` (ends lease and unique slot)."""
-    return {
-        "state": state,
-        "lease_owner": None,
-        "lease_expires": None,
-        "finished_at": DbNow(),
-        "updated_at": DbNow(),
-        "unique_slot": None,
-        **extra,
-    }
+
+def runnable_state() -> Case:
+    """The state of a job that may run once `run_after` has passed: `scheduled` or `ready`."""
+    return Case(
+        When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),
+        default=Value(Job.State.READY),
+    )
 
 
 def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
@@ -42,29 +43,53 @@ def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
     }
 
 
-def on_terminal(dialect: Dialect, job_id: int, state: str, parent_id: int | None) -> None:
-    """React to job `job_id` having just become `state` (in the same transaction)."""
-    if state == Job.State.DONE:
-        promote_downstream(dialect, job_id)
-    else:
-        cancel_downstream(dialect, job_id, state)
-    if parent_id is not None:
-        roll_up(dialect, parent_id)
+def on_terminal(
+    dialect: Dialect,
+    job_id: int,
+    state: str,
+    parent_id: int | None,
+    *,
+    has_dependents: bool = True,
+) -> None:
+    """React to job `job_id` having just become `state` (in the same transaction).
+
+    With `has_dependents=False` (read from the row) the downstream look-up is skipped.
+    """
+    on_finished(dialect, [Finished(job_id, state, parent_id, has_dependents)])
 
 
-def promote_downstream(dialect: Dialect, upstream_id: int) -> None:
-    """Flip the waiting downstream jobs of `upstream_id` whose upstreams are now all done.
+def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
+    """React to a batch of jobs having just become final (in the same transaction).
+
+    Downstream rows are locked before containers, and each set in id order, so batches
+    finishing at once on several workers take their locks in one global order.
+    """
+    finished = list(finished)
+    done = [f.job_id for f in finished if f.state == Job.State.DONE and f.has_dependents]
+    if done:
+        promote_downstream(dialect, done)
+    for f in finished:
+        if f.state != Job.State.DONE and f.has_dependents:
+            cancel_downstream(dialect, f.job_id, f.state)
+    parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
+    for parent_id in sorted(parents):
+        roll_up(dialect, parent_id, finished=parents[parent_id])
+
+
+def promote_downstream(dialect: Dialect, upstream_ids: int | list[int]) -> None:
+    """Flip the waiting downstream jobs of `upstream_ids` whose upstreams are now all done.
 
     The downstream rows are locked (in id order) before their upstreams are counted, so of two
     upstreams finishing at once the later one sees the earlier one's commit and promotes.
     """
+    ids = [upstream_ids] if isinstance(upstream_ids, int) else upstream_ids
     jobs = Job.objects.using(dialect.using)
     waiting = dialect.lock_blocking(
         jobs.filter(
             state=Job.State.WAITING,
             is_container=False,
             pk__in=JobDependency.objects.using(dialect.using)
-            .filter(depends_on_id=upstream_id)
+            .filter(depends_on_id__in=ids)
             .values("job_id"),
         ).order_by("pk")
     )
@@ -72,7 +97,10 @@ def promote_downstream(dialect: Dialect, upstream_id: int) -> None:
 
 
 def promote(dialect: Dialect, candidates: list[int]) -> None:
-    """Make those of the waiting jobs `candidates` whose upstreams are all done `ready`."""
+    """Make those of the waiting jobs `candidates` whose upstreams are all done runnable.
+
+    They become `ready`, or `scheduled` when their `run_after` lies in the future.
+    """
     if not candidates:
         return
     jobs = Job.objects.using(dialect.using)
@@ -82,13 +110,15 @@ def promote(dialect: Dialect, candidates: list[int]) -> None:
         .exclude(depends_on__state=Job.State.DONE)
         .values_list("job_id", flat=True)
     )
-    ready = [pk for pk in candidates if pk not in blocked]
-    if ready:
-        jobs.filter(pk__in=ready, state=Job.State.WAITING).update(
-            state=Job.State.READY, updated_at=DbNow()
+    runnable = [pk for pk in candidates if pk not in blocked]
+    if runnable:
+        jobs.filter(pk__in=runnable, state=Job.State.WAITING).update(
+            state=runnable_state(), updated_at=DbNow()
         )
-        for queue in set(jobs.filter(pk__in=ready).values_list("queue", flat=True)):
-            notify_on_commit(dialect, queue)
+        queues = set(
+            jobs.filter(pk__in=runnable, state=Job.State.READY).values_list("queue", flat=True)
+        )
+        notify_on_commit(dialect, queues)
 
 
 def lock_upstream(dialect: Dialect, job_ids: list[int]) -> None:
@@ -131,16 +161,20 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
                 last_error=upstream_error(root_id, root_state),
             )
         )
-        for parent_id in {p for _, p in rows if p is not None}:
-            roll_up(dialect, parent_id)
+        parents = Counter(p for _, p in rows if p is not None)
+        for parent_id in sorted(parents):
+            roll_up(dialect, parent_id, finished=parents[parent_id])
         frontier = ids
 
 
-def roll_up(dialect: Dialect, container_id: int) -> None:
-    """Finish a sealed container whose children are all final: `done` if all are done.
+def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
+    """Count `finished` children of a container as final; finish it when none is left open.
 
-    The caller has already written its child's final state; an open container is left alone
-    without being locked (see `control.seal` for why that is safe).
+    `open_children` counts a sealed container's unfinished children (set when it is sealed,
+    or inserted sealed), so no child counts its siblings. The container becomes `done` if all
+    its children are done, else `dead`. The caller has already written its children's final
+    states; an open (unsealed) container is left alone without being locked: sealing counts
+    its children (see `control.seal` for why that is safe).
     """
     jobs = Job.objects.using(dialect.using)
     # Fix: this used to lock the container before looking at it, open or not. A producer
@@ -153,17 +187,20 @@ def roll_up(dialect: Dialect, container_id: int) -> None:
         return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
-        .values_list("is_container", "sealed", "state", "parent_id")
+        .values_list("is_container", "sealed", "state", "parent_id", "open_children")
         .first()
     )
     if row is None:
         return
-    is_container, sealed, state, parent_id = row
+    is_container, sealed, state, parent_id, open_children = row
     if not is_container or not sealed or state in Job.TERMINAL_STATES:
         return
-    children = jobs.filter(parent_id=container_id)
-    if children.exclude(state__in=Job.TERMINAL_STATES).exists():
+    if finished:
+        open_children = max(0, open_children - finished)
+        jobs.filter(pk=container_id).update(open_children=open_children)
+    if open_children > 0:
         return
+    children = jobs.filter(parent_id=container_id)
     ok = not children.exclude(state=Job.State.DONE).exists()
     new_state = Job.State.DONE if ok else Job.State.DEAD
     extra: dict[str, Any] = {}
@@ -180,9 +217,29 @@ def roll_up(dialect: Dialect, container_id: int) -> None:
     on_terminal(dialect, container_id, new_state, parent_id)
 
 
-def notify_on_commit(dialect: Dialect, queue: str) -> None:
-    """Wake this process's workers for `queue` once the current transaction commits."""
-    transaction.on_commit(lambda: wake.notify(dialect.using, queue), using=dialect.using)
+def notify_on_commit(dialect: Dialect, queues: str | Iterable[str]) -> None:
+    """Wake workers for `queues` once the current transaction commits.
+
+    Workers of this process through the in-process wake, those of other processes and hosts
+    through the database when it can push (PostgreSQL NOTIFY, sent in this transaction).
+    """
+    names = sorted({queues} if isinstance(queues, str) else set(queues))
+    if not names:
+        return
+    dialect.notify(names)
+    for queue in names:
+        transaction.on_commit(
+            lambda q=queue: wake.notify(dialect.using, q),  # type: ignore[misc]
+            using=dialect.using,
+        )
+
+
+def count_open_children(dialect: Dialect, container_id: int) -> int:
+    """Store and return the number of unfinished children of a (locked) container."""
+    jobs = Job.objects.using(dialect.using)
+    count = jobs.filter(parent_id=container_id).exclude(state__in=Job.TERMINAL_STATES).count()
+    jobs.filter(pk=container_id).update(open_children=count)
+    return count
 
 
 def revive(dialect: Dialect, cause_id: int) -> list[int]:
@@ -222,12 +279,24 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
     # was re-cancelled after it had been checked stayed waiting forever. And the jobs revived
     # here that belong to another dead container never re-opened it: it stayed dead (and its
     # downstream cancelled) even after they finished.
+    # The revived jobs count as open children of their containers again (before any of them
+    # is cancelled again below, which counts it as finished once more).
+    for parent_id in sorted({p for _, p in rows if p is not None}):
+        reopen_counts(dialect, parent_id)
     recancelled = cancel_blocked(dialect, ids)
     # An upstream may have become done since the job was cancelled: nothing would promote it.
     promote(dialect, [pk for pk in ids if pk not in recancelled])
     for parent_id in sorted({p for pk, p in rows if p is not None and pk not in recancelled}):
         reopen_containers(dialect, parent_id)
     return ids
+
+
+def reopen_counts(dialect: Dialect, container_id: int) -> None:
+    """Recount the open children of a sealed, unfinished container (children were revived)."""
+    jobs = Job.objects.using(dialect.using)
+    row = dialect.lock_blocking(jobs.filter(pk=container_id)).values_list("sealed", "state").first()
+    if row is not None and row[0] and row[1] not in Job.TERMINAL_STATES:
+        count_open_children(dialect, container_id)
 
 
 def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
@@ -275,13 +344,13 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
                     last_error=upstream_error(cause_id, cause_state),
                 )
             )
-        parents = set(
+        parents = Counter(
             jobs.filter(pk__in=list(blocked), parent_id__isnull=False).values_list(
                 "parent_id", flat=True
             )
         )
         for parent_id in sorted(parents):
-            roll_up(dialect, parent_id)
+            roll_up(dialect, parent_id, finished=parents[parent_id])
         cancelled |= blocked.keys()
         pending -= blocked.keys()
     return cancelled
@@ -296,10 +365,15 @@ def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
             .values_list("state", "parent_id")
             .first()
         )
-        if row is None or row[0] not in (Job.State.DEAD, Job.State.CANCELLED):
+        if row is None:
+            return
+        if row[0] not in (Job.State.DEAD, Job.State.CANCELLED):
+            # Still open: a child of it came back (re-opened or revived); count it again.
+            reopen_counts(dialect, container_id)
             return
         jobs.filter(pk=container_id).update(
             state=Job.State.WAITING, finished_at=None, unique_slot=1, updated_at=DbNow()
         )
+        count_open_children(dialect, container_id)
         revive(dialect, container_id)
         container_id = row[1]

@@ -455,8 +455,8 @@ def test_enqueue_issues_few_queries(django_assert_max_num_queries: Any) -> None:
     upstream = jobqueue.enqueue("test.noop")
     with django_assert_max_num_queries(1):
         jobqueue.enqueue("test.noop", {"a": 1})
-    # savepoint, locked existence check, insert, edges, release
-    with django_assert_max_num_queries(5):
+    # savepoint, locked existence check, insert, edges, has_dependents on the upstream, release
+    with django_assert_max_num_queries(6):
         jobqueue.enqueue("test.noop", depends_on=[upstream])
 
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import sqlite3
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import conf, leases, maintenance
+from django_jobqueue import conf, leases
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.execution import InFlight, record_failure
-from django_jobqueue.models import Job
+from django_jobqueue.execution import InFlight, Outcome, failure_plan
+from django_jobqueue.models import Job, Worker
 from django_jobqueue.scheduling import Scheduler
+from django_jobqueue.worker.heartbeat import renew_leases
+from django_jobqueue.worker.reclaimer import reclaim_expired
+from tests.conftest import in_new_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,9 +40,13 @@ def claim_one(dialect, owner: str) -> leases.Lease:
 def expire_and_reclaim(dialect, job_id: int) -> None:
     """Push the lease deadline into the past, sweep it, and make the retry runnable now."""
     Job.objects.filter(pk=job_id).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    moved = maintenance.reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
-    assert moved == [(job_id, Job.State.READY)]
-    Job.objects.filter(pk=job_id).update(run_after=None)
+    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    assert moved == [(job_id, Job.State.SCHEDULED)]
+    Job.objects.filter(pk=job_id).update(run_after=None, state=Job.State.READY)
+
+
+def renew(dialect, leases_, lease_ttl):
+    return renew_leases(dialect, leases_, lease_ttl)
 
 
 def snapshot(job_id: int) -> dict:
@@ -50,9 +58,11 @@ def test_claim_increments_attempts_and_records_the_owner(dialect):
     lease = claim_one(dialect, "w1")
     assert lease == leases.Lease(job.pk, "w1", 1)
     row = Job.objects.get(pk=job.pk)
-    assert row.state == Job.State.LEASED
+    assert row.state == Job.State.RUNNING  # marked running in the claim itself
     assert row.lease_owner == "w1"
     assert row.attempts == 1
+    assert row.started_at is not None
+    assert row.worker_ids == ["w1"]
     assert row.lease_expires > timezone.now() + dt.timedelta(seconds=TTL / 2)
 
 
@@ -126,13 +136,11 @@ def test_concurrent_claims_from_threads_are_disjoint(fair_share):
         assert all(owners[pk] == owner for pk in mine)
 
 
-def test_start_renew_finish_work_under_a_current_lease(dialect):
+def test_renew_and_finish_work_under_a_current_lease(dialect):
     job = jobqueue.enqueue("test.noop")
     lease = claim_one(dialect, "w1")
     before = Job.objects.get(pk=job.pk).lease_expires
-    assert leases.start(dialect, lease) is True
-    assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING
-    assert leases.renew(dialect, [lease], lease_ttl=TTL * 10) == 1
+    assert renew(dialect, [lease], lease_ttl=TTL * 10) == 1
     assert Job.objects.get(pk=job.pk).lease_expires > before
     assert leases.finish(dialect, lease, {"answer": 42}) == "done"
     row = Job.objects.get(pk=job.pk)
@@ -152,21 +160,17 @@ def test_reclaimed_attempt_is_fenced_off(dialect, same_owner):
     """
     job = jobqueue.enqueue("test.noop", max_attempts=5)
     old = claim_one(dialect, "w1")
-    assert leases.start(dialect, old)
     expire_and_reclaim(dialect, job.pk)
     reclaimed = Job.objects.get(pk=job.pk)
-    assert reclaimed.state == Job.State.READY
     assert reclaimed.attempts == 1  # the crashed attempt stays charged
     assert reclaimed.last_error["type"] == "django_jobqueue.exceptions.LeaseExpired"
 
     new = claim_one(dialect, "w1" if same_owner else "w2")
     assert new.attempt == old.attempt + 1
-    assert leases.start(dialect, new)
     current = snapshot(job.pk)
 
     # Every write of the old generation is refused and leaves the row exactly as it was.
-    assert leases.start(dialect, old) is False
-    assert leases.renew(dialect, [old], lease_ttl=TTL * 10) == 0
+    assert renew(dialect, [old], lease_ttl=TTL * 10) == 0
     assert leases.finish(dialect, old, "stale") is None
     assert leases.fail(dialect, old, {"type": "x"}, dead=True) is None
     assert leases.fail(dialect, old, {"type": "x"}, retry_in=0) is None
@@ -174,7 +178,7 @@ def test_reclaimed_attempt_is_fenced_off(dialect, same_owner):
     assert snapshot(job.pk) == current
 
     # The new generation still works, and the old one cannot touch the finished job either.
-    assert leases.renew(dialect, [new, old], lease_ttl=TTL) == 1
+    assert renew(dialect, [new, old], lease_ttl=TTL) == 1
     assert leases.finish(dialect, new, "fresh") == "done"
     finished = snapshot(job.pk)
     assert finished["state"] == Job.State.DONE
@@ -190,7 +194,7 @@ def test_late_finish_after_reclaim_without_a_new_claim_changes_nothing(dialect):
     expire_and_reclaim(dialect, job.pk)
     ready = snapshot(job.pk)
     assert leases.finish(dialect, old, "late") is None
-    assert leases.start(dialect, old) is False
+    assert renew(dialect, [old], lease_ttl=TTL) == 0
     assert snapshot(job.pk) == ready
     assert ready["state"] == Job.State.READY
     assert ready["result"] is None
@@ -199,7 +203,6 @@ def test_late_finish_after_reclaim_without_a_new_claim_changes_nothing(dialect):
 def test_release_returns_the_job_to_ready_without_charging_the_attempt(dialect):
     job = jobqueue.enqueue("test.noop")
     lease = claim_one(dialect, "w1")
-    assert leases.start(dialect, lease)
     assert leases.release(dialect, [lease]) == 1
     row = Job.objects.get(pk=job.pk)
     assert row.state == Job.State.READY
@@ -217,22 +220,22 @@ def test_reclaim_ignores_live_leases_and_kills_exhausted_jobs(dialect):
     last = jobqueue.enqueue("test.noop", max_attempts=1)
     claim_one(dialect, "w2")
     Job.objects.filter(pk=last.pk).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    moved = maintenance.reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
     assert moved == [(last.pk, Job.State.DEAD)]
     dead = Job.objects.get(pk=last.pk)
     assert dead.state == Job.State.DEAD
     assert dead.finished_at is not None
     assert dead.last_error["type"] == "django_jobqueue.exceptions.LeaseExpired"
-    assert Job.objects.get(pk=live.pk).state == Job.State.LEASED
+    assert Job.objects.get(pk=live.pk).state == Job.State.RUNNING
 
 
 def test_reclaim_backs_off_before_the_retry(dialect):
     job = jobqueue.enqueue("test.noop")
     claim_one(dialect, "w1")
     Job.objects.filter(pk=job.pk).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    maintenance.reclaim_expired(dialect, batch=10, backoff=60, backoff_max=60)
+    reclaim_expired(dialect, batch=10, backoff=60, backoff_max=60)
     row = Job.objects.get(pk=job.pk)
-    assert row.state == Job.State.READY
+    assert row.state == Job.State.SCHEDULED  # out of the ready index until it is due
     assert row.run_after - row.updated_at >= dt.timedelta(seconds=44)  # 60s -25% jitter
     assert leases.claim(dialect, owner="w2", queues=[], limit=1, lease_ttl=TTL) == []
 
@@ -249,11 +252,15 @@ def test_failed_attempt_is_retried_after_a_backoff_by_the_database_clock(dialect
     job = jobqueue.enqueue("test.fail", max_attempts=3)
     lease = claim_one(dialect, "w1")
     [claimed] = Job.objects.filter(pk=job.pk)
-    flight = InFlight(job=claimed, lease=lease, started=0.0, deadline=None)
+    flight = InFlight(job=claimed, lease=lease, claimed=0.0)
     settings = jobqueue_conf(retry_backoff=10.0, retry_backoff_max=100.0)
-    record_failure(dialect, settings, flight, RuntimeError("nope"))
+    outcome = Outcome(flight, error=RuntimeError("nope"))
+    from django_jobqueue.execution import error_info
+
+    plan = failure_plan(outcome, settings)
+    assert leases.fail(dialect, lease, error_info(outcome.error, 1), **plan) == "scheduled"
     row = Job.objects.get(pk=job.pk)
-    assert row.state == Job.State.READY
+    assert row.state == Job.State.SCHEDULED
     assert row.lease_owner is None
     delay = (row.run_after - row.updated_at).total_seconds()
     assert 7.5 <= delay <= 12.5
@@ -301,3 +308,154 @@ def test_backoff_of_a_very_late_attempt_stays_capped() -> None:
     # 2 ** 1024 overflows a float: the exponent must be capped before the power.
     assert leases.backoff_seconds(5000, base=2.0, cap=3600.0) <= 3600.0 * 1.25
     assert leases._seconds(float("1e300")).days == 3650
+
+
+# -- the worker row is the liveness: who may take a lease back --------------------------------
+
+
+def register(worker_id: str, *, alive: bool, job_ids: list[int], ttl: float = TTL) -> None:
+    now = timezone.now()
+    Worker.objects.create(
+        id=worker_id,
+        host="h",
+        pid=1,
+        concurrency=1,
+        started_at=now,
+        heartbeat_at=now,
+        lease_ttl=ttl,
+        expires_at=now + dt.timedelta(seconds=ttl if alive else -ttl),
+        job_ids=job_ids,
+    )
+
+
+def expire_lease(job_id: int) -> None:
+    Job.objects.filter(pk=job_id).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
+
+
+def test_expired_lease_of_a_live_worker_that_holds_the_job_is_kept_and_pushed_back(dialect):
+    """A lease row that missed its renewals (an application held it locked) is not taken from
+    a worker whose own row is fresh and lists the job: its deadline moves to the worker's."""
+    job = jobqueue.enqueue("test.noop")
+    claim_one(dialect, "w1")
+    register("w1", alive=True, job_ids=[job.pk])
+    expire_lease(job.pk)
+    assert reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01) == []
+    row = Job.objects.get(pk=job.pk)
+    assert row.state == Job.State.RUNNING
+    assert row.lease_expires == Worker.objects.get(pk="w1").expires_at
+
+
+def test_expired_lease_of_a_live_worker_that_lost_track_of_the_job_is_reclaimed(dialect):
+    job = jobqueue.enqueue("test.noop")
+    claim_one(dialect, "w1")
+    register("w1", alive=True, job_ids=[])
+    expire_lease(job.pk)
+    assert reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01) == [
+        (job.pk, Job.State.SCHEDULED)
+    ]
+
+
+def test_expired_lease_of_a_gone_worker_waits_until_the_reclaimer_may_judge(dialect):
+    """A reclaimer that has not been healthy for the owner's TTL itself (after an outage, say)
+    leaves the job alone; once it may judge, the job comes back."""
+    job = jobqueue.enqueue("test.noop")
+    claim_one(dialect, "w1")
+    register("w1", alive=False, job_ids=[job.pk], ttl=7.0)
+    expire_lease(job.pk)
+    asked: list[float | None] = []
+
+    def not_yet(ttl: float | None) -> bool:
+        asked.append(ttl)
+        return False
+
+    assert (
+        reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01, may_judge=not_yet) == []
+    )
+    assert asked == [7.0]
+    assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING
+    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    assert moved == [(job.pk, Job.State.SCHEDULED)]
+
+
+# -- the batched finish ----------------------------------------------------------------------
+
+
+def test_finish_many_records_a_batch_and_reports_lost_leases(dialect):
+    jobs = [jobqueue.enqueue("test.noop") for _ in range(4)]
+    claimed = leases.claim(dialect, owner="w1", queues=[], limit=4, lease_ttl=TTL)
+    assert len(claimed) == 4
+    Job.objects.filter(pk=jobs[1].pk).update(cancel_requested=True)
+    expire_and_reclaim(dialect, jobs[3].pk)  # this attempt is lost
+    items = [
+        (j.pk, j.attempts, json.dumps({"n": n}) if n % 2 else None) for n, j in enumerate(claimed)
+    ]
+    report = leases.finish_many(dialect, "w1", items)
+    assert sorted(f.job_id for f in report.finished) == [j.pk for j in jobs[:3]]
+    assert report.lost == [jobs[3].pk] and report.busy == []
+    rows = Job.objects.in_bulk([j.pk for j in jobs])
+    assert (rows[jobs[0].pk].state, rows[jobs[0].pk].result) == ("done", None)
+    assert (rows[jobs[1].pk].state, rows[jobs[1].pk].result) == ("cancelled", None)
+    assert (rows[jobs[2].pk].state, rows[jobs[2].pk].result) == ("done", None)
+    assert all(rows[j.pk].lease_owner is None for j in jobs[:3])
+    assert rows[jobs[3].pk].state == Job.State.READY
+
+
+@pytest.mark.skipif(
+    not get_dialect("default").has_select_for_update_skip_locked,
+    reason="row locks: SQLite locks the whole database",
+)
+def test_finish_and_fail_skip_a_row_another_transaction_holds_locked(dialect):
+    """A finished job whose row an application transaction holds is left for later (busy),
+    and the rest of the batch is written at once."""
+    held, free = (jobqueue.enqueue("test.noop") for _ in range(2))
+    claimed = {
+        j.pk: j for j in leases.claim(dialect, owner="w1", queues=[], limit=2, lease_ttl=TTL)
+    }
+    items = [(pk, j.attempts, None) for pk, j in claimed.items()]
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(pk=held.pk))
+            locked.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=lambda: (hold(), connections.close_all()))
+    thread.start()
+    try:
+        assert locked.wait(30)
+        report = in_new_thread(lambda: leases.finish_many(get_dialect("default"), "w1", items))
+        assert report.busy == [held.pk]
+        assert [f.job_id for f in report.finished] == [free.pk]
+        lease = leases.Lease(held.pk, "w1", claimed[held.pk].attempts)
+        state = in_new_thread(
+            lambda: leases.fail(get_dialect("default"), lease, {"type": "x"}, dead=True)
+        )
+        assert state == leases.BUSY
+    finally:
+        release.set()
+        thread.join(30)
+    assert Job.objects.get(pk=held.pk).state == Job.State.RUNNING
+    assert leases.finish(dialect, lease, 1) == "done"
+
+
+# -- scheduled jobs ----------------------------------------------------------------------------
+
+
+def test_due_scheduled_jobs_are_promoted_and_future_ones_wait(dialect):
+    from django_jobqueue.worker.promoter import promote_due, seconds_until_due
+
+    soon = jobqueue.enqueue("test.noop", run_after=dt.timedelta(seconds=30))
+    later = jobqueue.enqueue("test.noop", run_after=dt.timedelta(hours=1))
+    assert {soon.state, later.state} == {Job.State.SCHEDULED}
+    assert leases.claim(dialect, owner="w1", queues=[], limit=5, lease_ttl=TTL) == []
+    assert 25 < seconds_until_due(dialect) <= 30
+    assert promote_due(dialect, batch=10) == 0
+    Job.objects.filter(pk=soon.pk).update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    assert promote_due(dialect, batch=10) == 1
+    assert Job.objects.get(pk=soon.pk).state == Job.State.READY
+    assert Job.objects.get(pk=later.pk).state == Job.State.SCHEDULED
+    assert [j.pk for j in leases.claim(dialect, owner="w1", queues=[], limit=5, lease_ttl=TTL)] == [
+        soon.pk
+    ]

@@ -99,7 +99,7 @@ def test_burst_exits_zero_when_nothing_is_runnable(start_worker):
     worker = start_worker("--burst")
     assert worker.wait(60) == 0
     for job in (later, upstream):
-        assert Job.objects.get(pk=job.pk).state == Job.State.READY
+        assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
     assert Job.objects.get(pk=waiting.pk).state == Job.State.WAITING
     assert not Worker.objects.exists()
     assert_clean_log(worker.output())

@@ -83,7 +83,7 @@ def test_job_of_a_killed_worker_is_reclaimed_and_done_once(start_worker):
     assert list(RunRecord.objects.values_list("job_id", "attempt", "worker_pid")) == [
         (job.pk, 2, rescuer.pid)
     ]
-    assert f"Reclaimed expired lease of job id={job.pk} -> ready" in rescuer.output()
+    assert f"Reclaimed expired lease of job id={job.pk} -> scheduled" in rescuer.output()
     assert rescuer.stop() == 0
 
 

@@ -92,13 +92,16 @@ def test_job_that_keeps_failing_is_dead_after_max_attempts(start_worker):
     assert "died after" in worker.output()
 
 
-def test_result_that_is_not_json_fails_the_attempt(start_worker):
-    job = jobqueue.enqueue("test.bad_result", max_attempts=1)
+def test_result_that_is_not_json_kills_the_job_at_once(start_worker):
+    """Deterministic: running the handler again would repeat its side effects for nothing."""
+    job = jobqueue.enqueue("test.bad_result", max_attempts=3)
     worker = start_worker()
     dead = wait_for_job(job.pk, *TERMINAL)
     assert worker.stop() == 0
     assert dead.state == Job.State.DEAD
-    assert dead.last_error["type"] == "builtins.TypeError"
+    assert dead.attempts == 1
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.ResultNotStored"
+    assert "not JSON-serializable" in dead.last_error["message"]
     assert dead.result is None
 
 

@@ -27,7 +27,9 @@ def drain(concurrency: int = 2, timeout: float = 60.0) -> None:
     waiting out its retry backoff behind.
     """
     deadline = time.monotonic() + timeout
-    pending = Job.objects.filter(state__in=[Job.State.READY, *Job.LEASED_STATES])
+    pending = Job.objects.filter(
+        state__in=[Job.State.SCHEDULED, Job.State.READY, *Job.LEASED_STATES]
+    )
     run_burst(concurrency)
     while pending.exists():
         assert time.monotonic() < deadline, list(pending.values_list("pk", "state"))

@@ -1,25 +1,65 @@
-"""Shared transaction and locking logic, and the capability flags dialects override."""
+"""Shared transaction, locking and hot-path logic, and the capability flags dialects override.
+
+The claim and the batched finish are the worker's hot path. The portable versions here use
+the ORM (a locking read, then an UPDATE by ids: two statements); a dialect whose database can
+return rows from an UPDATE overrides them with one raw statement, built from the ORM's own
+compiled SQL for the portable parts (the ready filter, the database clock).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import QuerySet
+from django.db.models import Case, Expression, F, QuerySet, TextField, Value, When
+from django.db.models.sql import Query
+
+from .functions import DbNow
+
+if TYPE_CHECKING:
+    from ..models import Job, JobQuerySet
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Any)
 
+MAX_DELAY = 10 * 365 * 24 * 3600.0  # seconds: any longer delay is cut to ten years
+
+
+def seconds(value: float) -> dt.timedelta:
+    """Return `value` seconds as a timedelta, clamped to [0, ten years]."""
+    return dt.timedelta(seconds=min(max(0.0, value), MAX_DELAY))
+
 
 class TransientDatabaseError(DatabaseError):
     """A write transaction kept failing on lock contention after bounded retries."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """One row a batched finish wrote: its final state and what the graph must do about it."""
+
+    job_id: int
+    state: str  # "done", or "cancelled" when cancellation was requested while it ran
+    parent_id: int | None
+    has_dependents: bool
+
+
+@dataclasses.dataclass
+class FinishReport:
+    """What a batched finish did with each (job id, attempt) it was given."""
+
+    finished: list[Finished] = dataclasses.field(default_factory=list)
+    busy: list[int] = dataclasses.field(default_factory=list)  # row locked elsewhere: try again
+    lost: list[int] = dataclasses.field(default_factory=list)  # lease no longer ours
 
 
 class Dialect:
@@ -28,6 +68,10 @@ class Dialect:
     vendor = "unknown"
     # Whether SELECT ... FOR UPDATE SKIP LOCKED gives row-level claims.
     has_select_for_update_skip_locked = True
+    # Whether UPDATE ... RETURNING exists: the claim and the finish are then one statement.
+    can_return_rows_from_update = False
+    # Whether the database can push a wake-up to idle workers (LISTEN/NOTIFY).
+    supports_listen_notify = False
     # Human-readable name of the claim strategy, for the worker's start-up line.
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED"
     # Attempts of a write transaction that hits lock contention, and its backoff.
@@ -36,6 +80,7 @@ class Dialect:
 
     def __init__(self, using: str) -> None:
         self.using = using
+        self._sql_cache: dict[Any, tuple[str, list[Any]]] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -50,6 +95,8 @@ class Dialect:
         conn = self.connection
         conn.ensure_connection()
         return f"{conn.display_name} {'.'.join(map(str, conn.get_database_version()))}"
+
+    # -- locks and transactions ------------------------------------------------------------
 
     def lock(self, queryset: QuerySet[M]) -> QuerySet[M]:
         """Return `queryset` with the row locks a claim needs."""
@@ -66,13 +113,31 @@ class Dialect:
         """Whether `exc` is lock contention that a retry of the whole transaction may cure."""
         return False
 
-    def run_in_transaction(self, func: Callable[[], T]) -> T:
+    def bound_waits(self, lock_timeout: float) -> None:
+        """Bound every lock wait of this thread's connection to `lock_timeout` seconds.
+
+        For the worker's own threads (their connections never run a handler's queries): a
+        statement that would wait longer for a row lock, or for SQLite's write lock, fails
+        with a transient error instead. Applied once per underlying connection.
+        """
+        conn: Any = self.connection
+        conn.ensure_connection()
+        key = (id(conn.connection), lock_timeout)
+        if getattr(conn, "_jobqueue_bound_waits", None) != key:
+            self._bound_waits(lock_timeout)
+            conn._jobqueue_bound_waits = key
+
+    def _bound_waits(self, lock_timeout: float) -> None:
+        """Set the session's lock wait bound (the dialect's own statement)."""
+
+    def run_in_transaction(self, func: Callable[[], T], *, tries: int | None = None) -> T:
         """Run `func` in one write transaction, retrying it whole on transient lock errors.
 
         `func` must only touch this database: it may run more than once.
         """
         delay = self.transient_backoff
-        for attempt in range(1, self.transient_retries + 1):
+        tries = tries or self.transient_retries
+        for attempt in range(1, tries + 1):
             try:
                 with self._atomic():
                     self.begin()
@@ -80,7 +145,7 @@ class Dialect:
             except DatabaseError as exc:
                 if not self.is_transient(exc):
                     raise
-                if attempt == self.transient_retries:
+                if attempt == tries:
                     raise TransientDatabaseError(
                         f"gave up after {attempt} attempts on lock contention: {exc}"
                     ) from exc
@@ -93,3 +158,188 @@ class Dialect:
         if self.connection.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
         return transaction.atomic(using=self.using)
+
+    # -- wake-up -----------------------------------------------------------------------------
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Tell workers in other processes that `queues` have ready work, on commit."""
+
+    def create_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        """Create whatever makes an INSERT of ready jobs wake workers (a migration step)."""
+
+    def drop_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        """Undo create_notify_trigger()."""
+
+    # -- SQL building blocks -----------------------------------------------------------------
+
+    def compile(self, expression: Any) -> tuple[str, list[Any]]:
+        """Return the SQL and parameters of an ORM expression on this database."""
+        from ..models import Job
+
+        query = Query(Job)
+        compiler = query.get_compiler(using=self.using)
+        sql, params = compiler.compile(expression.resolve_expression(query))
+        return sql, list(params)
+
+    def compile_query(self, queryset: QuerySet[Any]) -> tuple[str, list[Any]]:
+        """Return the SQL and parameters of a SELECT queryset (inside a transaction)."""
+        sql, params = queryset.query.get_compiler(using=self.using).as_sql()
+        return sql, list(params)
+
+    def json_append(self, column: str, value: str) -> Expression:
+        """An expression appending the string `value` to the JSON array in `column`."""
+        raise NotImplementedError
+
+    def json_append_sql(self, column: str) -> str:
+        """Raw SQL appending a string parameter (%s) to the JSON array in `column`."""
+        raise NotImplementedError
+
+    def claim_sets(self, owner: str, lease_ttl: float, prefix: str = "") -> tuple[str, list[Any]]:
+        """The SET list (raw SQL, and its parameters) of marking claimed rows running.
+
+        Built once per lease TTL from the ORM's own SQL for the database clock; `prefix`
+        qualifies the columns read (a table alias and a dot).
+        """
+        key = ("claim_sets", lease_ttl, prefix)
+        if key not in self._sql_cache:
+            now, _ = self.compile(DbNow())
+            expires, expires_params = self.compile(DbNow() + seconds(lease_ttl))
+            self._sql_cache[key] = (
+                f"state = 'running', attempts = {prefix}attempts + 1, lease_owner = %s, "
+                f"lease_expires = {expires}, heartbeat_at = {now}, started_at = {now}, "
+                f"updated_at = {now}, "
+                f"worker_ids = {self.json_append_sql(prefix + 'worker_ids')}",
+                expires_params,
+            )
+        sql, expires_params = self._sql_cache[key]
+        return sql, [owner, *expires_params, owner]
+
+    def claim_columns(self, prefix: str = "") -> str:
+        """The columns a claim returns: every column of the job but its result."""
+        from ..models import Job
+
+        return ", ".join(
+            prefix + self.qn(str(f.column)) for f in Job._meta.concrete_fields if f.name != "result"
+        )
+
+    def qn(self, name: str) -> str:
+        """Quote a table or column name."""
+        return self.connection.ops.quote_name(name)
+
+    # -- the claim ---------------------------------------------------------------------------
+
+    def claim_ready(
+        self, ready: JobQuerySet, *, owner: str, limit: int, lease_ttl: float
+    ) -> list[Job]:
+        """Lock up to `limit` of the `ready` jobs in claim order and mark them running.
+
+        Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
+        by ids (two statements).
+        """
+        rows = list(self.lock(ready.defer("result").order_by("-priority", "pk"))[:limit])
+        return self.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+
+    def mark_claimed(self, rows: list[Job], *, owner: str, lease_ttl: float) -> list[Job]:
+        """Mark the locked jobs `rows` running under a new lease of `owner`; return them."""
+        from ..models import Job
+
+        if not rows:
+            return []
+        Job.objects.using(self.using).filter(pk__in=[r.pk for r in rows]).update(
+            state=Job.State.RUNNING,
+            attempts=F("attempts") + 1,
+            lease_owner=owner,
+            lease_expires=DbNow() + seconds(lease_ttl),
+            heartbeat_at=DbNow(),
+            started_at=DbNow(),
+            updated_at=DbNow(),
+            worker_ids=self.json_append("worker_ids", owner),
+        )
+        for row in rows:
+            row.state = Job.State.RUNNING
+            row.attempts += 1
+            row.lease_owner = owner
+            row.worker_ids = [*(row.worker_ids or []), owner]
+        return rows
+
+    # -- the batched finish ------------------------------------------------------------------
+
+    def finish_many(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> FinishReport:
+        """Store each (job id, attempt, result as JSON text) and mark the job done, fenced.
+
+        Runs inside a transaction. A row another transaction holds locked is skipped (`busy`)
+        rather than waited for; a row whose lease is no longer (owner, attempt) is `lost`. A
+        job whose cancellation was requested ends `cancelled` and its result is discarded.
+        Portable version: a locking read, then one UPDATE per final state.
+        """
+        from ..models import Job
+
+        jobs = Job.objects.using(self.using)
+        wanted = {job_id: attempt for job_id, attempt, _ in items}
+        fence = jobs.filter(pk__in=list(wanted), lease_owner=owner, state__in=Job.LEASED_STATES)
+        rows = list(
+            self.lock(fence.order_by("pk")).values_list(
+                "pk", "attempts", "cancel_requested", "parent_id", "has_dependents"
+            )
+        )
+        report = FinishReport()
+        mine = [r for r in rows if wanted[r[0]] == r[1]]
+        self._sort_missing(report, wanted, {r[0] for r in mine}, owner)
+        texts = {job_id: text for job_id, _, text in items}
+        done = [r for r in mine if not r[2]]
+        cancelled = [r for r in mine if r[2]]
+        if done:
+            ids = [r[0] for r in done]
+            values = terminal_columns(Job.State.DONE)
+            if any(texts[i] is not None for i in ids):
+                # JSON text straight into the column: SQLite and MariaDB store JSON as text,
+                # MySQL parses a string assigned to a JSON column.
+                values["result"] = Case(
+                    *(When(pk=i, then=Value(texts[i])) for i in ids if texts[i] is not None),
+                    default=Value(None),
+                    output_field=TextField(),
+                )
+            jobs.filter(pk__in=ids).update(**values)
+        if cancelled:
+            jobs.filter(pk__in=[r[0] for r in cancelled]).update(
+                **terminal_columns(Job.State.CANCELLED)
+            )
+        for pk, _, cancel, parent_id, has_dependents in mine:
+            state = Job.State.CANCELLED if cancel else Job.State.DONE
+            report.finished.append(Finished(pk, str(state), parent_id, has_dependents))
+        return report
+
+    def _sort_missing(
+        self, report: FinishReport, wanted: dict[int, int], mine: set[int], owner: str
+    ) -> None:
+        """File the jobs of `wanted` not in `mine` as busy (locked elsewhere) or lost."""
+        from ..models import Job
+
+        missing = sorted(set(wanted) - mine)
+        if not missing:
+            return
+        still = dict(
+            Job.objects.using(self.using)
+            .filter(pk__in=missing, lease_owner=owner, state__in=Job.LEASED_STATES)
+            .values_list("pk", "attempts")
+        )
+        for job_id in missing:
+            if self.has_select_for_update_skip_locked and still.get(job_id) == wanted[job_id]:
+                report.busy.append(job_id)
+            else:
+                report.lost.append(job_id)
+
+
+def terminal_columns(state: str, **extra: Any) -> dict[str, Any]:
+    """Return the column values of a move to the final `state` (ends lease and unique slot)."""
+    return {
+        "state": state,
+        "lease_owner": None,
+        "lease_expires": None,
+        "finished_at": DbNow(),
+        "updated_at": DbNow(),
+        "unique_slot": None,
+        **extra,
+    }

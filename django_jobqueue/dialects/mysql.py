@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.models import Expression, F, Func, JSONField, Value
 
 from ..exceptions import UnsupportedDatabaseError
 from .base import Dialect
@@ -64,6 +65,20 @@ class MySQLDialect(Dialect):
         if level != "read committed":
             with self.connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def _bound_waits(self, lock_timeout: float) -> None:
+        # Session-wide, and only on the worker's own connections (never a handler's).
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(lock_timeout))}")
+
+    def json_append(self, column: str, value: str) -> Expression:
+        return Func(
+            F(column),
+            Value("$"),
+            Value(value),
+            function="JSON_ARRAY_APPEND",
+            output_field=JSONField(),
+        )
 
     def is_transient(self, exc: BaseException) -> bool:
         args: Any = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())

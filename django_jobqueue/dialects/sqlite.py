@@ -1,16 +1,20 @@
-"""SQLite: no row locks, so a claim takes the database write lock up front (BEGIN IMMEDIATE)."""
+"""SQLite: no row locks, so a claim takes the database write lock up front (BEGIN IMMEDIATE);
+from SQLite 3.35 the claim is one UPDATE ... RETURNING inside it."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, transaction
-from django.db.models import QuerySet
+from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 
 from .base import Dialect
+
+if TYPE_CHECKING:
+    from ..models import Job, JobQuerySet
 
 M = TypeVar("M", bound=Any)
 
@@ -23,6 +27,7 @@ class SQLiteDialect(Dialect):
     has_select_for_update_skip_locked = False
     claim_strategy = "BEGIN IMMEDIATE (database write lock, busy retry with backoff)"
     transient_retries = 12
+    can_return_rows_from_update = sqlite3.sqlite_version_info >= (3, 35)
 
     def lock(self, queryset: QuerySet[M]) -> QuerySet[M]:
         # select_for_update() is silently ignored on SQLite; the claim is safe only because
@@ -63,3 +68,51 @@ class SQLiteDialect(Dialect):
         with self.connection.cursor() as cursor:
             cursor.execute("PRAGMA journal_mode")
             return str(cursor.fetchone()[0]).lower()
+
+    def _bound_waits(self, lock_timeout: float) -> None:
+        # The busy timeout bounds the wait for the write lock (BEGIN IMMEDIATE).
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {max(1, int(lock_timeout * 1000))}")
+
+    def json_append_sql(self, column: str) -> str:
+        return f"json_insert({column}, '$[#]', %s)"
+
+    def json_append(self, column: str, value: str) -> Expression:
+        return Func(
+            F(column), Value("$[#]"), Value(value), function="json_insert", output_field=JSONField()
+        )
+
+    def claim_ready(
+        self, ready: JobQuerySet, *, owner: str, limit: int, lease_ttl: float
+    ) -> list[Job]:
+        if not self.can_return_rows_from_update:
+            return super().claim_ready(ready, owner=owner, limit=limit, lease_ttl=lease_ttl)
+        inner, params = self.compile_query(ready.order_by("-priority", "pk").values("pk")[:limit])
+        return self._update_returning(f"id IN ({inner})", params, owner, lease_ttl)
+
+    def mark_claimed(self, rows: list[Job], *, owner: str, lease_ttl: float) -> list[Job]:
+        if not self.can_return_rows_from_update or not rows:
+            return super().mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+        order = {r.pk: n for n, r in enumerate(rows)}
+        marks = ", ".join(["%s"] * len(rows))
+        claimed = self._update_returning(f"id IN ({marks})", list(order), owner, lease_ttl)
+        claimed.sort(key=lambda r: order[r.pk])
+        return claimed
+
+    def _update_returning(
+        self, where: str, params: list[Any], owner: str, lease_ttl: float
+    ) -> list[Job]:
+        # One statement: the write lock is already held (BEGIN IMMEDIATE), so no other claim
+        # can read these rows between the choice and the update.
+        from ..models import Job
+
+        sets, set_params = self.claim_sets(owner, lease_ttl)
+        table = self.qn(Job._meta.db_table)
+        sql = f"UPDATE {table} SET {sets} WHERE {where} RETURNING {self.claim_columns()}"
+        rows = list(Job.objects.using(self.using).raw(sql, [*set_params, *params]))
+        for row in rows:
+            # RETURNING hands back a REAL column's integral value as stored (an int).
+            if row.timeout is not None:
+                row.timeout = float(row.timeout)
+        rows.sort(key=lambda r: (-r.priority, r.pk))
+        return rows

@@ -1,0 +1,279 @@
+"""A worker process: starts, wires and stops its duties.
+
+- the dispatcher (`dispatcher`, on the calling thread): claims ready jobs, times them out;
+- the executor (`executor`): handler threads;
+- the completer (`completer`): records outcomes in batches;
+- the heartbeat (`heartbeat`): the worker's liveness and its leases;
+- the promoter (`promoter`): scheduled jobs become ready when due;
+- the reclaimer (`reclaimer`): leases of workers that are gone;
+- the listener (`listener`, PostgreSQL): push wake-up.
+
+Each duty but the dispatcher runs on its own thread with its own database connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from types import FrameType
+
+from django.db import DatabaseError, InterfaceError
+
+from .. import conf as conf_module
+from .. import execution, leases, wake
+from ..dialects import get_dialect
+from ..scheduling import Scheduler
+from .completer import Completer
+from .dispatcher import Dispatcher
+from .duty import Duty
+from .executor import Executor
+from .flights import Flights
+from .heartbeat import Heartbeat
+from .listener import Listener
+from .promoter import Promoter
+from .reclaimer import Reclaimer
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_TOO_MANY_HUNG = 3  # too many timed-out threads would not stop: restart the process
+
+__all__ = ["EXIT_OK", "EXIT_TOO_MANY_HUNG", "JobWorker", "WorkerOptions", "default_worker_id"]
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    """How one worker process runs; unset values come from settings.JOBQUEUE."""
+
+    concurrency: int = 1
+    queues: list[str] = dataclasses.field(default_factory=list)
+    poll_interval: float | None = None
+    lease_ttl: float | None = None
+    heartbeat_interval: float | None = None
+    shutdown_timeout: float | None = None
+    burst: bool = False
+    max_jobs: int | None = None
+    worker_id: str | None = None
+    prefetch: int | None = None
+
+
+def default_worker_id() -> str:
+    """Return host:pid:random, unique per process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class JobWorker:
+    """One worker process; `run()` returns the exit code."""
+
+    def __init__(self, options: WorkerOptions | None = None) -> None:
+        self.conf = conf = conf_module.get()
+        opts = options or WorkerOptions()
+        if opts.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = opts.concurrency
+        self.queues = list(opts.queues)
+        self.poll_interval = opts.poll_interval or conf.poll_interval
+        self.lease_ttl = opts.lease_ttl or conf.lease_ttl
+        self.heartbeat_interval = opts.heartbeat_interval or conf.heartbeat_interval
+        if self.heartbeat_interval * 2 > self.lease_ttl:
+            raise ValueError("heartbeat interval must be at most half the lease TTL")
+        self.shutdown_timeout = (
+            conf.shutdown_timeout if opts.shutdown_timeout is None else opts.shutdown_timeout
+        )
+        self.prefetch = conf.prefetch if opts.prefetch is None else opts.prefetch
+        if self.prefetch < 0:
+            raise ValueError("prefetch must not be negative")
+        self.burst = opts.burst
+        self.max_jobs = opts.max_jobs
+        self.worker_id = opts.worker_id or default_worker_id()
+        self.dialect = get_dialect(conf.database)
+        self.scheduler = Scheduler(conf)
+        self.flights = Flights()
+        self.exit_code = EXIT_OK
+        self._signals = 0
+        self.dispatcher: Dispatcher | None = None
+
+    @property
+    def claimed(self) -> int:
+        """Jobs this worker has claimed so far."""
+        return self.dispatcher.claimed if self.dispatcher else 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped (signal, --burst with nothing to do, --max-jobs); return exit code."""
+        conf, dialect = self.conf, self.dialect
+        dialect.check_server()
+        if install_signals:
+            self._install_signals()
+        logger.info(
+            "Worker %s starting: database=%s (%s), claim=%s, queues=%s, concurrency=%s",
+            self.worker_id,
+            dialect.using,
+            dialect.describe(),
+            dialect.claim_strategy,
+            ",".join(self.queues) or "all",
+            self.concurrency,
+        )
+        lock_timeout = conf.lock_timeout
+        heartbeat = Heartbeat(
+            dialect,
+            worker_id=self.worker_id,
+            flights=self.flights,
+            interval=self.heartbeat_interval,
+            lease_ttl=self.lease_ttl,
+            lock_timeout=lock_timeout,
+            queues=self.queues,
+            concurrency=self.concurrency,
+        )
+        heartbeat.register()
+        self.scheduler.ensure_limit_rows(dialect.using)
+        completer = Completer(
+            dialect,
+            conf=conf,
+            owner=self.worker_id,
+            flights=self.flights,
+            lock_timeout=lock_timeout,
+            on_recorded=self._on_recorded,
+        )
+        executor = Executor(
+            lambda flight: execution.run(dialect, conf, flight),
+            self.concurrency,
+            on_outcome=completer.submit,
+            on_idle=self._on_idle,
+        )
+        dispatcher = self.dispatcher = Dispatcher(
+            dialect,
+            owner=self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+            lease_ttl=self.lease_ttl,
+            lock_timeout=lock_timeout,
+            poll_interval=self.poll_interval,
+            max_abandoned_threads=conf.max_abandoned_threads,
+            scheduler=self.scheduler,
+            flights=self.flights,
+            executor=executor,
+            submit_outcome=completer.submit,
+            renewer=heartbeat.renewer,
+        )
+        promoter = Promoter(
+            dialect,
+            interval=min(self.poll_interval, 1.0),
+            lock_timeout=lock_timeout,
+            batch=conf.reclaim_batch,
+        )
+        reclaimer = Reclaimer(
+            dialect,
+            interval=conf.reclaim_interval,
+            lock_timeout=lock_timeout,
+            batch=conf.reclaim_batch,
+            backoff=conf.retry_backoff,
+            backoff_max=conf.retry_backoff_max,
+            lease_ttl=self.lease_ttl,
+            healthy_for=heartbeat.healthy_for,
+        )
+        duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
+        if dialect.supports_listen_notify:
+            duties.append(
+                Listener(
+                    dialect, queues=self.queues, on_notify=wake.wake_up, lock_timeout=lock_timeout
+                )
+            )
+        for duty in duties:
+            duty.start()
+        try:
+            dispatcher.run(
+                burst=self.burst,
+                max_jobs=self.max_jobs,
+                promote=lambda: self._promote_now(promoter),
+            )
+            self._drain(dispatcher, executor, completer)
+        finally:
+            executor.shutdown()
+            for duty in duties:
+                if duty is not heartbeat:
+                    duty.stop()
+            completer.stop(timeout=5.0)
+            # Stopped before the row is deleted: a beat after the delete would register it again.
+            heartbeat.stop(timeout=heartbeat.lock_timeout + 5.0)
+            try:
+                heartbeat.unregister()
+            except (DatabaseError, InterfaceError):
+                logger.warning("Could not remove worker row %s; it will be swept", self.worker_id)
+        if dispatcher.too_many_hung:
+            self.exit_code = EXIT_TOO_MANY_HUNG
+        logger.info("Worker %s stopped (claimed %s jobs)", self.worker_id, self.claimed)
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and finish (what the first SIGTERM does)."""
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+        wake.wake_up()
+
+    def _on_idle(self, load: int) -> None:
+        dispatcher = self.dispatcher
+        if dispatcher is not None and dispatcher.wants_work(load):
+            wake.wake_up()
+
+    def _on_recorded(self, flight: object) -> None:
+        if not len(self.flights):  # --burst and --max-jobs wait for this
+            wake.wake_up()
+
+    def _promote_now(self, promoter: Promoter) -> int:
+        """Burst mode: promote what is due before deciding that nothing is left."""
+        from .promoter import promote_due
+
+        try:
+            return promote_due(self.dialect, batch=self.conf.reclaim_batch)
+        except (DatabaseError, InterfaceError):
+            promoter.wake()
+            return 0
+
+    def _install_signals(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                # Second signal: leave now; the leases expire and other workers reclaim them.
+                os.write(2, b"jobqueue worker: second signal, exiting at once\n")
+                os._exit(128 + signum)
+            logger.info("Signal %s: finishing in-flight jobs, then stopping", signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def _drain(self, dispatcher: Dispatcher, executor: Executor, completer: Completer) -> None:
+        """Release jobs not started, let running ones finish for up to the shutdown timeout,
+        then release the rest; wait for the completer to record what finished."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        release = [f for f in executor.take_unstarted() if f.settle()]
+        while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
+            dispatcher.reap()
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        release += [f for f in self.flights.snapshot() if f.settle()]
+        completer.flush(max(5.0, deadline - time.monotonic()))
+        if release:
+            try:
+                released = leases.release(self.dialect, [f.lease for f in release])
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not release %s job(s) (%s); their leases will expire",
+                               len(release), exc)  # fmt: skip
+            else:
+                logger.warning(
+                    "Shutdown: released %s unfinished job(s) back to ready: %s",
+                    released,
+                    ", ".join(str(f.job.pk) for f in release),
+                )
+            for flight in release:
+                self.flights.remove(flight)
+                flight.done.set()
