@@ -84,11 +84,13 @@ def claim(
     database has it.
     """
 
+    ready = Job.objects.using(dialect.using).ready().in_queues(queues)
+    dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
+
     def txn() -> list[Job]:
-        ready = Job.objects.using(dialect.using).ready().in_queues(queues)
         if scheduler is None or not scheduler.needs_planning(ready):
             return dialect.claim_ready(ready, owner=owner, limit=limit, lease_ttl=lease_ttl)
-        rows = scheduler.select(dialect, ready, limit)
+        rows = scheduler.select(dialect, ready, limit, dynamic)
         return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
 
     return dialect.run_in_transaction(txn)

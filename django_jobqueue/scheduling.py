@@ -139,7 +139,23 @@ class Scheduler:
             return True
         return len(self._current_demand(ready)) > 1
 
-    def select(self, dialect: Dialect, ready: JobQuerySet, limit: int) -> list[Job]:
+    def ask_dynamic(self, ready: JobQuerySet) -> dict[str, int | None]:
+        """Ask the DYNAMIC_LIMIT hook for each group with ready work.
+
+        Called before the claim transaction begins: a slow hook holds no lock and no open
+        transaction (a transaction left idle would be ended by the server).
+        """
+        if self.dynamic is None:
+            return {}
+        return {d.group: self._dynamic(d.group) for d in self._current_demand(ready)}
+
+    def select(
+        self,
+        dialect: Dialect,
+        ready: JobQuerySet,
+        limit: int,
+        dynamic: dict[str, int | None] | None = None,
+    ) -> list[Job]:
         """Lock and return up to `limit` jobs from `ready`, fairly and within the limits.
 
         The view of which groups have ready work is at most FAIR_SHARE_REFRESH old: a group
@@ -153,7 +169,10 @@ class Scheduler:
         jobs = Job.objects.using(dialect.using)
         groups = [d.group for d in demand]
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
-        dynamic = {g: self._dynamic(g) for g in groups} if self.dynamic else {}
+        if dynamic is None:
+            dynamic = self.ask_dynamic(ready)
+        # A group the hook was not asked about (the view changed meanwhile) starts nothing.
+        dynamic = {g: dynamic.get(g, 0) for g in groups} if self.dynamic else {}
         self._lock_limits(dialect, groups)
         in_flight = dict(
             jobs.in_flight()

@@ -243,3 +243,143 @@ def test_sqlite_table_rebuild_keeps_the_ready_index() -> None:
         row = cursor.fetchone()
     assert row is not None, "the table rebuild dropped the ready index"
     assert re.search(r"WHERE\s+\"?state\"?\s*=\s*'ready'", row[0]), row[0]
+
+
+# -- the engine's own statements, as the worker runs them --------------------------------------
+
+SCHEDULED_INDEX = "jobqueue_job_scheduled"
+GROUP_INDEX = "jobqueue_job_ready_group"
+
+
+@pytest.fixture
+def busy_table(queue_table: None) -> None:
+    """The queue's history plus many scheduled jobs (retries in backoff, jobs for later) and
+    ready jobs in several groups."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(
+                type="test.noop",
+                state=Job.State.SCHEDULED,
+                run_after=now + dt.timedelta(minutes=10, seconds=i),
+            )
+            for i in range(2000)
+        ),
+        batch_size=500,
+    )
+    Job.objects.bulk_create(
+        Job(type="test.noop", state=Job.State.READY, group_key=f"g{i % 4}") for i in range(40)
+    )
+    analyze()
+
+
+def statements_of(action: Any) -> list[str]:
+    """The SQL statements `action()` sends on this connection (parameters inlined)."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return [q["sql"] for q in captured.captured_queries]
+
+
+def explain_sql(sql: str) -> tuple[set[str], bool, str]:
+    """Return the indexes a statement's plan reads, whether it sorts, and the plan's text."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            nodes = list(_pg_nodes(plan))
+            return (
+                {n["Index Name"] for n in nodes if "Index Name" in n},
+                any(n.get("Node Type") in ("Sort", "Incremental Sort") for n in nodes),
+                json.dumps(plan)[:3000],
+            )
+        if connection.vendor == "mysql":
+            cursor.execute(f"EXPLAIN {sql}")
+            columns = [c[0].lower() for c in cursor.description]
+            rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            return (
+                {row["key"] for row in rows if row["key"]},
+                any("filesort" in (row["extra"] or "") for row in rows),
+                str(rows),
+            )
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+        details = " ".join(str(row[-1]) for row in cursor.fetchall())
+        return (
+            set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", details)),
+            "TEMP B-TREE" in details,
+            details,
+        )
+
+
+def job_statements(statements: list[str], *starts: str) -> list[str]:
+    table = TABLE.lower()
+    return [
+        s
+        for s in statements
+        if table in s.lower()
+        and s.lstrip().upper().startswith(starts or ("SELECT", "UPDATE", "WITH"))
+    ]
+
+
+def test_the_claim_reads_only_the_ready_index(busy_table: None) -> None:
+    """The claim the dispatcher runs (one UPDATE ... RETURNING on PostgreSQL and SQLite, a
+    locking SELECT then an UPDATE by ids on MySQL) reads the ready index, in its order: the
+    finished and scheduled rows cost it nothing."""
+    from django_jobqueue import leases
+
+    dialect = get_dialect("default")
+    statements = statements_of(
+        lambda: leases.claim(dialect, owner="explain", queues=[], limit=10, lease_ttl=30)
+    )
+    claim = job_statements(statements)
+    assert claim, statements
+    used, sorts, plan = explain_sql(claim[0])
+    assert READY_INDEX in used, plan
+    assert not sorts, plan
+    assert SCHEDULED_INDEX not in used and GROUP_INDEX not in used, plan
+
+
+def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
+    from django_jobqueue.worker.promoter import promote_due, seconds_until_due
+
+    dialect = get_dialect("default")
+    Job.objects.filter(
+        state=Job.State.SCHEDULED,
+        run_after__lt=timezone.now() + dt.timedelta(minutes=10, seconds=5),
+    ).update(run_after=timezone.now() - dt.timedelta(seconds=1))
+    analyze()
+    statements = statements_of(lambda: promote_due(dialect, batch=100))
+    [due] = job_statements(statements, "SELECT")
+    used, sorts, plan = explain_sql(due)
+    assert SCHEDULED_INDEX in used, plan
+    assert not sorts, plan
+    statements = statements_of(lambda: seconds_until_due(dialect))
+    [nxt] = job_statements(statements, "SELECT")
+    used, sorts, plan = explain_sql(nxt)
+    assert SCHEDULED_INDEX in used, plan
+    assert not sorts, plan
+
+
+def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
+    """With several groups, each group's best ready jobs come from the group index."""
+    from django_jobqueue import conf, leases
+    from django_jobqueue.scheduling import Scheduler
+
+    dialect = get_dialect("default")
+    scheduler = Scheduler(conf.get())
+    statements = statements_of(
+        lambda: leases.claim(
+            dialect, owner="explain", queues=[], limit=8, lease_ttl=30, scheduler=scheduler
+        )
+    )
+    # The per-group reads filter on one group; the demand view (a GROUP BY) is not one of them.
+    per_group = [
+        sql
+        for sql in job_statements(statements, "SELECT")
+        if re.search(r"group_key[\"`]? = ", sql) and "GROUP BY" not in sql.upper()
+    ]
+    assert per_group, statements
+    used, _, plan = explain_sql(per_group[0])
+    assert GROUP_INDEX in used, plan

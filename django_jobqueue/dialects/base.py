@@ -113,22 +113,25 @@ class Dialect:
         """Whether `exc` is lock contention that a retry of the whole transaction may cure."""
         return False
 
-    def bound_waits(self, lock_timeout: float) -> None:
+    def bound_waits(self, lock_timeout: float, idle_timeout: float | None = None) -> None:
         """Bound every lock wait of this thread's connection to `lock_timeout` seconds.
 
         For the worker's own threads (their connections never run a handler's queries): a
         statement that would wait longer for a row lock, or for SQLite's write lock, fails
-        with a transient error instead. Applied once per underlying connection.
+        with a transient error instead. Where the server can, a transaction left idle for
+        `idle_timeout` seconds is ended by the server: a worker process frozen in the middle
+        of one (SIGSTOP, a paused VM) then holds no row lock for longer than that. Applied
+        once per underlying connection.
         """
         conn: Any = self.connection
         conn.ensure_connection()
-        key = (id(conn.connection), lock_timeout)
+        key = (id(conn.connection), lock_timeout, idle_timeout)
         if getattr(conn, "_jobqueue_bound_waits", None) != key:
-            self._bound_waits(lock_timeout)
+            self._bound_waits(lock_timeout, idle_timeout)
             conn._jobqueue_bound_waits = key
 
-    def _bound_waits(self, lock_timeout: float) -> None:
-        """Set the session's lock wait bound (the dialect's own statement)."""
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+        """Set the session's lock wait bound (the dialect's own statements)."""
 
     def run_in_transaction(self, func: Callable[[], T], *, tries: int | None = None) -> T:
         """Run `func` in one write transaction, retrying it whole on transient lock errors.

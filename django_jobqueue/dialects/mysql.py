@@ -66,10 +66,16 @@ class MySQLDialect(Dialect):
             with self.connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
-    def _bound_waits(self, lock_timeout: float) -> None:
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         # Session-wide, and only on the worker's own connections (never a handler's).
-        with self.connection.cursor() as cursor:
+        conn: Any = self.connection
+        with conn.cursor() as cursor:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(lock_timeout))}")
+            # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting.
+            if idle_timeout and conn.mysql_is_mariadb:
+                cursor.execute(
+                    f"SET SESSION idle_transaction_timeout = {max(1, round(idle_timeout))}"
+                )
 
     def json_append(self, column: str, value: str) -> Expression:
         return Func(

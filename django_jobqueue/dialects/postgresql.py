@@ -46,9 +46,14 @@ class PostgreSQLDialect(Dialect):
         code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return isinstance(exc, DatabaseError) and code in _TRANSIENT_SQLSTATES
 
-    def _bound_waits(self, lock_timeout: float) -> None:
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         with self.connection.cursor() as cursor:
             cursor.execute(f"SET lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+            if idle_timeout:
+                cursor.execute(
+                    "SET idle_in_transaction_session_timeout = "
+                    f"'{max(1, int(idle_timeout * 1000))}ms'"
+                )
 
     # -- wake-up -----------------------------------------------------------------------------
 

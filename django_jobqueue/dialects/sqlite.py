@@ -69,7 +69,7 @@ class SQLiteDialect(Dialect):
             cursor.execute("PRAGMA journal_mode")
             return str(cursor.fetchone()[0]).lower()
 
-    def _bound_waits(self, lock_timeout: float) -> None:
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         # The busy timeout bounds the wait for the write lock (BEGIN IMMEDIATE).
         with self.connection.cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout = {max(1, int(lock_timeout * 1000))}")

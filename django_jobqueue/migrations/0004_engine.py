@@ -99,7 +99,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.StateIndex(fields=['run_after'], name='jobqueue_job_scheduled', state='scheduled'),
+            index=django_jobqueue.dialects.indexes.StateIndex(fields=['run_after', 'id'], name='jobqueue_job_scheduled', state='scheduled'),
         ),
         migrations.AddConstraint(
             model_name='job',

@@ -187,6 +187,7 @@ class JobWorker:
                 )
             )
         for duty in duties:
+            duty.idle_timeout = self.lease_ttl
             duty.start()
         try:
             dispatcher.run(

@@ -79,7 +79,7 @@ class Completer(Duty):
                     self._pending.append(outcome)
                 self._drain_queue()
                 try:
-                    self.dialect.bound_waits(self.lock_timeout)
+                    self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
                     self._write_pending()
                     self.failures = 0
                 except Exception as exc:  # the write is retried; the worker carries on

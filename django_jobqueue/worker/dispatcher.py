@@ -109,7 +109,7 @@ class Dispatcher:
             room = min(room, max_jobs - self.claimed)
         if room <= 0:
             return 0
-        self.dialect.bound_waits(self.lock_timeout)
+        self.dialect.bound_waits(self.lock_timeout, self.lease_ttl)
         jobs = leases.claim(
             self.dialect,
             owner=self.owner,

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from ..dialects import Dialect
 
@@ -31,6 +31,8 @@ class Duty(threading.Thread):
         self.dialect = dialect
         self.interval = interval
         self.lock_timeout = lock_timeout
+        # Set by the worker: the server ends a transaction of this duty idle this long.
+        self.idle_timeout: float | None = None
         self._stop_event = threading.Event()
         self._wake_event = threading.Event()
         self.failures = 0
@@ -51,16 +53,21 @@ class Duty(threading.Thread):
             while not self._stop_event.is_set():
                 self._wake_event.clear()
                 try:
-                    self.dialect.bound_waits(self.lock_timeout)
+                    self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
                     delay = self.tick()
                     self.failures = 0
                 except Exception as exc:  # a duty never dies: log, back off, carry on
                     self.failures += 1
                     delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
                     level = logging.WARNING if self.failures <= 3 else logging.ERROR
+                    # A database error (an outage, a lock held too long) needs no traceback;
+                    # anything else is a bug worth one.
+                    trace = self.failures == 1 and not isinstance(
+                        exc, DatabaseError | InterfaceError
+                    )
                     logger.log(
                         level, "Worker duty %s failed (%s); retrying in %.1fs",
-                        self.duty_name(), exc, delay, exc_info=self.failures == 1,
+                        self.duty_name(), exc, delay, exc_info=trace,
                     )  # fmt: skip
                     self.dialect.connection.close()
                     self.on_error(exc)

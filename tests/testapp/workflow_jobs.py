@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import django_jobqueue as jobqueue
@@ -67,3 +68,13 @@ def until_cancelled(ctx: jobqueue.JobContext, limit: float = 60.0) -> str:
 def dynamic_limit(group: str) -> int | None:
     """A DYNAMIC_LIMIT hook: group "dyn" may run 1 job at a time, "capped" 3, others no cap."""
     return {"dyn": 1, "capped": 3}.get(group)
+
+
+def stuck_limit(group: str) -> int | None:
+    """A DYNAMIC_LIMIT hook that blocks the claim while the file JOBQUEUE_TEST_STUCK_FILE exists
+    (at most a minute): the dispatcher of every worker using it is stuck meanwhile."""
+    marker = Path(os.environ["JOBQUEUE_TEST_STUCK_FILE"])
+    deadline = time.monotonic() + 60
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return None
