@@ -57,6 +57,7 @@ class Executor:
                     outcome = self._run(flight)
                 except BaseException:  # a pool thread never dies of one job: nobody would
                     logger.exception("Unexpected error running job id=%s", flight.job.pk)
+                _tidy_connections()
                 if outcome is not None:
                     self._observe(outcome.duration)
                     self._on_outcome(outcome)
@@ -123,3 +124,13 @@ class Executor:
     def shutdown(self) -> None:
         for _ in self._threads:
             self._queue.put(None)
+
+
+def _tidy_connections() -> None:
+    """Drop this thread's connections that a handler left broken (the server went away,
+    say), so that the next job on this thread connects afresh instead of failing too."""
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred and not conn.in_atomic_block:
+            if not conn.is_usable():
+                conn.close()
+            conn.errors_occurred = False

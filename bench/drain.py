@@ -1,0 +1,66 @@
+"""Drain N no-op jobs with W worker processes; report the steady rate and the peak RSS.
+
+`BENCH_DB=pg python -m bench.drain [--jobs 10000] [--workers 2] [--concurrency 8]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from . import harness
+
+
+def drain(jobs: int, workers: int, args: list[str]) -> dict[str, float | None]:
+    import django_jobqueue as jobqueue
+    from django.db import transaction
+
+    harness.reset()
+    with transaction.atomic():
+        jobqueue.enqueue_many([("bench.noop", {})] * jobs)
+    harness.analyze()
+    started = time.perf_counter()
+    procs = harness.start_workers(workers, args)
+    rss: list[float] = []
+    first = None
+    try:
+        while (done := harness.done_count()) < jobs:
+            now = time.perf_counter()
+            if done and first is None:
+                first = (now, done)
+            if now - started > 600:
+                raise TimeoutError(f"{done}/{jobs} done after 600 s")
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a worker exited early (see .bench-state/workers.log)")
+            time.sleep(0.02)
+        end = time.perf_counter()
+        rss = [r for p in procs if (r := harness.peak_rss_mb(p)) is not None]
+    finally:
+        harness.stop_workers(procs)
+    assert first is not None
+    return {
+        "jobs": jobs,
+        "workers": workers,
+        "args": " ".join(args),
+        "jobs_per_s": jobs / (end - started),
+        "steady_jobs_per_s": (jobs - first[1]) / (end - first[0]) if end > first[0] else None,
+        "startup_s": first[0] - started,
+        "peak_rss_mb": max(rss) if rss else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=10000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--extra", default="", help="more jobqueue_worker arguments")
+    opts = parser.parse_args()
+    harness.setup()
+    args = ["--concurrency", str(opts.concurrency), *opts.extra.split()]
+    for workers in opts.workers:
+        harness.report("drain", drain(opts.jobs, workers, args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Settings of the benchmark project: BENCH_DB picks the database (sqlite, pg or mysql).
+
+PostgreSQL and MariaDB on loopback (databases `jobqueue_bench`, created by bench/run.sh);
+SQLite in WAL mode in $BENCH_STATE (default .bench-state). Connections persist
+(CONN_MAX_AGE=None), as a worker's do in production.
+"""
+
+import os
+from pathlib import Path
+
+STATE = Path(os.environ.get("BENCH_STATE", Path(__file__).resolve().parents[2] / ".bench-state"))
+STATE.mkdir(exist_ok=True)
+
+SECRET_KEY = "bench-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_jobqueue", "bench.project.benchapp"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_db = os.environ.get("BENCH_DB", "sqlite")
+if _db == "pg":
+    _default = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "jobqueue_bench",
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+    }
+elif _db == "mysql":
+    _default = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "jobqueue_bench",
+        "USER": "root",
+        "HOST": "127.0.0.1",
+        "PORT": "3306",
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+elif _db == "sqlite":
+    _default = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(STATE / "bench.sqlite3"),
+        "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"},
+    }
+else:
+    raise ValueError(f"BENCH_DB must be sqlite, pg or mysql, not {_db!r}")
+_default["CONN_MAX_AGE"] = None
+DATABASES = {"default": _default}
+JOBQUEUE = {}
+LOGGING = {"version": 1, "disable_existing_loggers": False}
