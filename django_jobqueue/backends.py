@@ -294,6 +294,9 @@ if HAS_TASKS:
 
         def __call__(self, ctx: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
             job = ctx.job
+            deferred = job.get_deferred_fields()
+            if deferred:  # the claim reads only what running a job needs: the rest, at once
+                job.refresh_from_db(fields=sorted(deferred - {"result"}))
             job.started_at = timezone.now()
             job.state = "running"
             result: TaskResult[Any, Any] = self.backend._result(self.task, job)

@@ -32,7 +32,7 @@ class JobQueueSettings:
     dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
     fair_share_refresh: float = 1.0  # seconds a worker reuses its view of the ready groups
     lock_timeout: float = 5.0  # seconds any worker statement waits for a lock, at most
-    prefetch: int = 32  # jobs claimed beyond free threads, when recent jobs are short
+    prefetch: int = 128  # jobs claimed beyond free threads, while recent jobs are short
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import leases, registry
+from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
 from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
-from .models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class InFlight:
     """A claimed attempt, shared by the executor thread, the dispatcher and the completer."""
 
-    job: Job
+    job: ClaimedJob
     lease: leases.Lease
     claimed: float  # time.monotonic() at the claim
     started: float | None = None  # time.monotonic() when the handler started
@@ -40,13 +40,14 @@ class InFlight:
     thread_id: int | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     settled: bool = False  # an outcome was decided (by the thread or by the timeout)
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)  # recorded
+    recorded: bool = False  # the completer wrote the outcome (or found the lease lost)
     # The timeout raises JobTimeout into the thread only while the handler runs: raised once
     # the thread is back in the executor loop, it would kill the thread holding the next job.
     in_handler: bool = False  # the thread is inside the handler call
     abandoned: bool = False  # JobTimeout was raised into the thread; it retires afterwards
     lease_ttl: float | None = None  # the worker's lease TTL, for JobContext
-    renew: Callable[[], bool] | None = None  # JobContext.renew_lease(), owned by the heartbeat
+    # Makes JobContext.renew_lease() for a lease: the heartbeat's, which owns renewal.
+    renewer: Callable[[leases.Lease], Callable[[], bool]] | None = None
 
     def settle(self) -> bool:
         """Claim the right to decide this attempt's outcome; False if already taken."""
@@ -134,9 +135,10 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
     """
     flight.thread_id = threading.get_ident()
     job, lease = flight.job, flight.lease
-    if not flight.enter_handler(_effective_timeout(job)):
+    if not flight.enter_handler(_effective_timeout(job) if job.timeout else None):
         return None  # released (shutdown) before it started
-    logger.info("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
+    if logger.isEnabledFor(logging.DEBUG):  # per-job lines only at -v 2: they cost throughput
+        logger.debug("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
     try:
         try:
             result = _call(dialect, conf, flight)
@@ -194,7 +196,7 @@ def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None
         )  # fmt: skip
         return
     if outcome.error is None:
-        logger.info(
+        logger.debug(
             "Job id=%s type=%s attempt=%s %s in %.3fs",
             job.pk, job.type, lease.attempt, state, outcome.duration,
         )  # fmt: skip
@@ -222,7 +224,7 @@ def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None
 ASYNC_TIMEOUT_GRACE = 1.0
 
 
-def _effective_timeout(job: Job) -> float | None:
+def _effective_timeout(job: ClaimedJob) -> float | None:
     """Seconds after the handler's start at which the dispatcher times the attempt out."""
     if not job.timeout:
         return None
@@ -241,7 +243,12 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
         ttl = flight.lease_ttl or conf.lease_ttl
         args = (
             JobContext(
-                job, flight.lease.attempt, flight.lease.owner, ttl, dialect, _renew=flight.renew
+                job.model(),
+                flight.lease.attempt,
+                flight.lease.owner,
+                ttl,
+                dialect,
+                _renew=flight.renewer(flight.lease) if flight.renewer else None,
             ),
         )
     if not handler.is_async:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import random
@@ -21,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import F, Q
 
 from . import workflows
+from .claimed import ClaimedJob
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, FinishReport, seconds
 from .dialects.functions import DbNow
-from .models import Job
+from .models import Job, JobQuerySet
 
 if TYPE_CHECKING:
     from .scheduling import Scheduler
@@ -75,7 +77,7 @@ def claim(
     limit: int,
     lease_ttl: float,
     scheduler: Scheduler | None = None,
-) -> list[Job]:
+) -> list[ClaimedJob]:
     """Claim up to `limit` ready jobs for `owner` in one transaction; they are `running`.
 
     The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
@@ -84,16 +86,24 @@ def claim(
     database has it.
     """
 
-    ready = Job.objects.using(dialect.using).ready().in_queues(queues)
+    ready = _ready(dialect.using, tuple(queues))
     dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
 
-    def txn() -> list[Job]:
+    def txn() -> list[ClaimedJob]:
         if scheduler is None or not scheduler.needs_planning(ready):
-            return dialect.claim_ready(ready, owner=owner, limit=limit, lease_ttl=lease_ttl)
+            return dialect.claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+            )
         rows = scheduler.select(dialect, ready, limit, dynamic)
         return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
 
     return dialect.run_in_transaction(txn)
+
+
+@functools.lru_cache(maxsize=64)
+def _ready(using: str, queues: tuple[str, ...]) -> JobQuerySet:
+    # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
+    return Job.objects.using(using).ready().in_queues(queues)
 
 
 def finish_many(

@@ -129,7 +129,9 @@ class Job(models.Model):
                 name="jobqueue_job_ready_group",
             ),
             # Scheduled jobs by due time, for the promoter.
-            StateIndex(fields=["run_after", "id"], state="scheduled", name="jobqueue_job_scheduled"),
+            StateIndex(
+                fields=["run_after", "id"], state="scheduled", name="jobqueue_job_scheduled"
+            ),
             models.Index(fields=["lease_expires"], name="jobqueue_job_lease_expires"),
             models.Index(fields=["state", "finished_at"], name="jobqueue_job_state_finished"),
         ]

@@ -155,8 +155,8 @@ class Scheduler:
         ready: JobQuerySet,
         limit: int,
         dynamic: dict[str, int | None] | None = None,
-    ) -> list[Job]:
-        """Lock and return up to `limit` jobs from `ready`, fairly and within the limits.
+    ) -> list[int]:
+        """Lock up to `limit` jobs from `ready`, fairly and within the limits; return their ids.
 
         The view of which groups have ready work is at most FAIR_SHARE_REFRESH old: a group
         new since then gets its first slot at the next refresh. The view is not refreshed
@@ -165,7 +165,7 @@ class Scheduler:
         ordered = ready.order_by("-priority", "pk")
         demand = self._current_demand(ready)
         if not self.has_limits and len(demand) <= 1:
-            return list(dialect.lock(ordered.defer("result"))[:limit])
+            return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
         jobs = Job.objects.using(dialect.using)
         groups = [d.group for d in demand]
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
@@ -190,7 +190,7 @@ class Scheduler:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
         rows = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
-        return _trim_to_queue_room(rows, queue_room)
+        return [pk for pk, _ in _trim_to_queue_room(rows, queue_room)]
 
     def _take_planned(
         self,
@@ -200,14 +200,16 @@ class Scheduler:
         demand: list[GroupDemand],
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
-    ) -> list[Job]:
-        """Lock the jobs `plan()` gives each group; re-plan the slots a group left unused.
+    ) -> list[tuple[int, str]]:
+        """Lock the jobs `plan()` gives each group; return their (id, queue) pairs.
+
+        The slots a group left unused are planned again.
 
         Fix: a group whose ready rows were all locked by concurrent claims (SKIP LOCKED) or
         were fewer than the cached view said got its slots anyway, and nobody else did: a
         claim could come back empty while other groups had claimable jobs.
         """
-        rows: list[Job] = []
+        rows: list[tuple[int, str]] = []
         taken: dict[str, int] = {}
         short: set[str] = set()  # groups that yielded fewer rows than planned
         while len(rows) < limit:
@@ -222,10 +224,8 @@ class Scheduler:
             for group, n in slots.items():
                 got = list(
                     dialect.lock(
-                        ordered.filter(group_key=group)
-                        .exclude(pk__in=[r.pk for r in rows])
-                        .defer("result")
-                    )[:n]
+                        ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
+                    ).values_list("pk", "queue")[:n]
                 )
                 if len(got) < n:
                     short.add(group)
@@ -290,15 +290,17 @@ class Scheduler:
         return {q: limit - running.get(q, 0) for q, limit in self.queue_limits.items()}
 
 
-def _trim_to_queue_room(rows: list[Job], queue_room: dict[str, int]) -> list[Job]:
+def _trim_to_queue_room(
+    rows: list[tuple[int, str]], queue_room: dict[str, int]
+) -> list[tuple[int, str]]:
     if not queue_room:
         return rows
     left = dict(queue_room)
     kept = []
-    for row in rows:
-        if row.queue in left:
-            if left[row.queue] <= 0:
+    for pk, queue in rows:
+        if queue in left:
+            if left[queue] <= 0:
                 continue
-            left[row.queue] -= 1
-        kept.append(row)
+            left[queue] -= 1
+        kept.append((pk, queue))
     return kept

@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, Expression, F, QuerySet, TextField, Value, When
+from django.db.models import Case, Expression, F, Field, QuerySet, TextField, Value, When
 from django.db.models.sql import Query
 
+from ..claimed import CLAIM_FIELDS, ClaimedJob
 from .functions import DbNow
 
 if TYPE_CHECKING:
-    from ..models import Job, JobQuerySet
+    from ..models import JobQuerySet
 
 logger = logging.getLogger(__name__)
+ARGS = CLAIM_FIELDS.index("args")
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Any)
@@ -81,6 +83,7 @@ class Dialect:
     def __init__(self, using: str) -> None:
         self.using = using
         self._sql_cache: dict[Any, tuple[str, list[Any]]] = {}
+        self._loaders: dict[Any, list[Any]] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -189,6 +192,23 @@ class Dialect:
         sql, params = queryset.query.get_compiler(using=self.using).as_sql()
         return sql, list(params)
 
+    def compile_claim(
+        self, ready: JobQuerySet, limit: int, shape: Any = None
+    ) -> tuple[str, list[Any]]:
+        """The SQL of the claim's choice: the ids of the best `limit` ready jobs, locked.
+
+        With `shape` (what tells this `ready` queryset from others: the queues), it is
+        compiled by the ORM once and kept: the ready filter uses the database clock in SQL,
+        so the statement never changes for a given shape and limit.
+        """
+        key = ("claim", shape, limit)
+        if shape is None or key not in self._sql_cache:
+            self._sql_cache[key] = self.compile_query(
+                self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
+            )
+        sql, params = self._sql_cache[key]
+        return sql, list(params)
+
     def json_append(self, column: str, value: str) -> Expression:
         """An expression appending the string `value` to the JSON array in `column`."""
         raise NotImplementedError
@@ -218,12 +238,42 @@ class Dialect:
         return sql, [owner, *expires_params, owner]
 
     def claim_columns(self, prefix: str = "") -> str:
-        """The columns a claim returns: every column of the job but its result."""
+        """The columns a claim returns (CLAIM_FIELDS), for raw SQL."""
         from ..models import Job
 
-        return ", ".join(
-            prefix + self.qn(str(f.column)) for f in Job._meta.concrete_fields if f.name != "result"
-        )
+        return ", ".join(prefix + self.qn(str(f.column)) for f in _claim_fields(Job))
+
+    def load_claimed(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+        """Build ClaimedJob records from raw rows of `claim_columns()`.
+
+        Django's own converters are applied, so values are what the ORM would give.
+        """
+        from ..models import Job
+
+        conn = self.connection
+        key = ("load_claimed", id(conn))
+        if key not in self._loaders:
+            converters = []
+            for n, field in enumerate(_claim_fields(Job)):
+                col = field.get_col(Job._meta.db_table)
+                found = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+                if found:
+                    converters.append((n, found, col))
+            self._loaders[key] = converters
+        converters = self._loaders[key]
+        jobs = []
+        for row in rows:
+            values = list(row)
+            for n, found, col in converters:
+                value = values[n]
+                if value == "{}" and n == ARGS:  # the usual no-argument job: no JSON parse
+                    values[n] = {}
+                    continue
+                for convert in found:
+                    value = convert(value, col, conn)
+                values[n] = value
+            jobs.append(ClaimedJob(self.using, values))
+        return jobs
 
     def qn(self, name: str) -> str:
         """Quote a table or column name."""
@@ -232,23 +282,42 @@ class Dialect:
     # -- the claim ---------------------------------------------------------------------------
 
     def claim_ready(
-        self, ready: JobQuerySet, *, owner: str, limit: int, lease_ttl: float
-    ) -> list[Job]:
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
         """Lock up to `limit` of the `ready` jobs in claim order and mark them running.
 
         Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
-        by ids (two statements).
+        by ids (two statements). `shape`: see compile_claim().
         """
-        rows = list(self.lock(ready.defer("result").order_by("-priority", "pk"))[:limit])
-        return self.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+        rows = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
+        return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
 
-    def mark_claimed(self, rows: list[Job], *, owner: str, lease_ttl: float) -> list[Job]:
-        """Mark the locked jobs `rows` running under a new lease of `owner`; return them."""
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        """Mark the locked jobs `ids` running under a new lease of `owner`; return them."""
         from ..models import Job
 
-        if not rows:
+        if not ids:
             return []
-        Job.objects.using(self.using).filter(pk__in=[r.pk for r in rows]).update(
+        rows = Job.objects.using(self.using).filter(pk__in=ids).values_list(*CLAIM_FIELDS)
+        found = {job.id: job for job in self._from_orm(rows)}
+        return self._mark([found[i] for i in ids if i in found], owner=owner, lease_ttl=lease_ttl)
+
+    def _from_orm(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+        """ClaimedJob records from ORM `values_list(*CLAIM_FIELDS)` rows (converted already)."""
+        return [ClaimedJob(self.using, row) for row in rows]
+
+    def _mark(self, jobs: list[ClaimedJob], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        from ..models import Job
+
+        if not jobs:
+            return []
+        Job.objects.using(self.using).filter(pk__in=[j.id for j in jobs]).update(
             state=Job.State.RUNNING,
             attempts=F("attempts") + 1,
             lease_owner=owner,
@@ -258,12 +327,11 @@ class Dialect:
             updated_at=DbNow(),
             worker_ids=self.json_append("worker_ids", owner),
         )
-        for row in rows:
-            row.state = Job.State.RUNNING
-            row.attempts += 1
-            row.lease_owner = owner
-            row.worker_ids = [*(row.worker_ids or []), owner]
-        return rows
+        for job in jobs:
+            job.state = Job.State.RUNNING
+            job.attempts += 1
+            job.lease_owner = owner
+        return jobs
 
     # -- the batched finish ------------------------------------------------------------------
 
@@ -333,6 +401,10 @@ class Dialect:
                 report.busy.append(job_id)
             else:
                 report.lost.append(job_id)
+
+
+def _claim_fields(model: Any) -> list[Field[Any, Any]]:
+    return [model._meta.get_field(name.removesuffix("_id")) for name in CLAIM_FIELDS]
 
 
 def terminal_columns(state: str, **extra: Any) -> dict[str, Any]:

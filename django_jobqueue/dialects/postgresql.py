@@ -13,7 +13,8 @@ from .base import Dialect, Finished, FinishReport
 from .functions import DbNow
 
 if TYPE_CHECKING:
-    from ..models import Job, JobQuerySet
+    from ..claimed import ClaimedJob
+    from ..models import JobQuerySet
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
 # lock_not_available (a lock wait ran into the worker's lock_timeout).
@@ -96,27 +97,33 @@ class PostgreSQLDialect(Dialect):
     # -- the claim and the finish: one statement each ----------------------------------------
 
     def claim_ready(
-        self, ready: JobQuerySet, *, owner: str, limit: int, lease_ttl: float
-    ) -> list[Job]:
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
         from ..models import Job
 
-        inner, params = self.compile_query(
-            self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
-        )
+        inner, params = self.compile_claim(ready, limit, shape)
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
         sql = (
             f"WITH c (id) AS ({inner}) UPDATE {table} AS j SET {sets} FROM c WHERE j.id = c.id "
             f"RETURNING {self.claim_columns('j.')}"
         )
-        rows = list(Job.objects.using(self.using).raw(sql, [*params, *set_params]))
-        rows.sort(key=lambda r: (-r.priority, r.pk))
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, *set_params])
+            rows = self.load_claimed(cursor.fetchall())
+        rows.sort(key=lambda r: (-r.priority, r.id))
         return rows
 
-    def mark_claimed(self, rows: list[Job], *, owner: str, lease_ttl: float) -> list[Job]:
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
         from ..models import Job
 
-        if not rows:
+        if not ids:
             return []
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
@@ -124,9 +131,11 @@ class PostgreSQLDialect(Dialect):
             f"UPDATE {table} AS j SET {sets} WHERE j.id = ANY(%s) "
             f"RETURNING {self.claim_columns('j.')}"
         )
-        order = {r.pk: n for n, r in enumerate(rows)}
-        claimed = list(Job.objects.using(self.using).raw(sql, [*set_params, [r.pk for r in rows]]))
-        claimed.sort(key=lambda r: order[r.pk])
+        order = {pk: n for n, pk in enumerate(ids)}
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*set_params, ids])
+            claimed = self.load_claimed(cursor.fetchall())
+        claimed.sort(key=lambda r: order[r.id])
         return claimed
 
     def json_append_sql(self, column: str) -> str:
@@ -138,35 +147,49 @@ class PostgreSQLDialect(Dialect):
         from ..models import Job
 
         table = self.qn(Job._meta.db_table)
-        now, _ = self.compile(DbNow())
-        # The rows are locked with SKIP LOCKED first: a row an application transaction holds
-        # locked is left for the next batch instead of stalling every other outcome.
-        sql = f"""
-            WITH v AS (
-                SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS v(id, attempt, result)
-            ), locked AS (
-                SELECT j.id, j.cancel_requested FROM {table} AS j JOIN v ON v.id = j.id
-                WHERE j.attempts = v.attempt AND j.lease_owner = %s
-                  AND j.state IN ('leased', 'running')
-                FOR UPDATE OF j SKIP LOCKED
+        key = ("finish_sql", table)
+        if key not in self._sql_cache:
+            now, _ = self.compile(DbNow())
+            # The batch travels as one JSON document (one C-level json.dumps here, one parse
+            # on the server), not as arrays dumped element by element. The rows are locked
+            # with SKIP LOCKED first: a row an application transaction holds locked is left
+            # for the next batch instead of stalling every other outcome.
+            self._sql_cache[key] = (
+                f"""
+                WITH v AS (
+                    SELECT * FROM jsonb_to_recordset(%s::jsonb)
+                        AS v(id bigint, attempt int, result jsonb)
+                ), locked AS (
+                    SELECT j.id, j.cancel_requested FROM {table} AS j JOIN v ON v.id = j.id
+                    WHERE j.attempts = v.attempt AND j.lease_owner = %s
+                      AND j.state IN ('leased', 'running')
+                    FOR UPDATE OF j SKIP LOCKED
+                )
+                UPDATE {table} AS j SET
+                    state = CASE WHEN l.cancel_requested THEN 'cancelled' ELSE 'done' END,
+                    result = CASE WHEN l.cancel_requested OR jsonb_typeof(v.result) = 'null'
+                        THEN NULL ELSE v.result END,
+                    lease_owner = NULL, lease_expires = NULL, unique_slot = NULL,
+                    finished_at = {now}, updated_at = {now}
+                FROM locked AS l JOIN v ON v.id = l.id
+                WHERE j.id = l.id
+                RETURNING j.id, j.state, j.parent_id, j.has_dependents
+                """,
+                [],
             )
-            UPDATE {table} AS j SET
-                state = CASE WHEN l.cancel_requested THEN 'cancelled' ELSE 'done' END,
-                result = CASE WHEN l.cancel_requested THEN NULL ELSE v.result::jsonb END,
-                lease_owner = NULL, lease_expires = NULL, unique_slot = NULL,
-                finished_at = {now}, updated_at = {now}
-            FROM locked AS l JOIN v ON v.id = l.id
-            WHERE j.id = l.id
-            RETURNING j.id, j.state, j.parent_id, j.has_dependents
-        """
-        params: list[Any] = [
-            [i for i, _, _ in items],
-            [a for _, a, _ in items],
-            [text for _, _, text in items],
-            owner,
-        ]
+        sql, _ = self._sql_cache[key]
+        # The results are JSON text already: spliced in as they are (None is JSON null, which
+        # the statement stores as SQL NULL, as the ORM stores a None result).
+        batch = (
+            "["
+            + ",".join(
+                f'{{"id":{i},"attempt":{a},"result":{"null" if t is None else t}}}'
+                for i, a, t in items
+            )
+            + "]"
+        )
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, [batch, owner])
             rows = cursor.fetchall()
         report = FinishReport(
             [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]

@@ -14,7 +14,8 @@ from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 from .base import Dialect
 
 if TYPE_CHECKING:
-    from ..models import Job, JobQuerySet
+    from ..claimed import ClaimedJob
+    from ..models import JobQuerySet
 
 M = TypeVar("M", bound=Any)
 
@@ -83,25 +84,33 @@ class SQLiteDialect(Dialect):
         )
 
     def claim_ready(
-        self, ready: JobQuerySet, *, owner: str, limit: int, lease_ttl: float
-    ) -> list[Job]:
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
         if not self.can_return_rows_from_update:
-            return super().claim_ready(ready, owner=owner, limit=limit, lease_ttl=lease_ttl)
-        inner, params = self.compile_query(ready.order_by("-priority", "pk").values("pk")[:limit])
+            return super().claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
+            )
+        inner, params = self.compile_claim(ready, limit, shape)
         return self._update_returning(f"id IN ({inner})", params, owner, lease_ttl)
 
-    def mark_claimed(self, rows: list[Job], *, owner: str, lease_ttl: float) -> list[Job]:
-        if not self.can_return_rows_from_update or not rows:
-            return super().mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
-        order = {r.pk: n for n, r in enumerate(rows)}
-        marks = ", ".join(["%s"] * len(rows))
-        claimed = self._update_returning(f"id IN ({marks})", list(order), owner, lease_ttl)
-        claimed.sort(key=lambda r: order[r.pk])
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        if not self.can_return_rows_from_update or not ids:
+            return super().mark_claimed(ids, owner=owner, lease_ttl=lease_ttl)
+        order = {pk: n for n, pk in enumerate(ids)}
+        marks = ", ".join(["%s"] * len(ids))
+        claimed = self._update_returning(f"id IN ({marks})", ids, owner, lease_ttl)
+        claimed.sort(key=lambda r: order[r.id])
         return claimed
 
     def _update_returning(
         self, where: str, params: list[Any], owner: str, lease_ttl: float
-    ) -> list[Job]:
+    ) -> list[ClaimedJob]:
         # One statement: the write lock is already held (BEGIN IMMEDIATE), so no other claim
         # can read these rows between the choice and the update.
         from ..models import Job
@@ -109,10 +118,12 @@ class SQLiteDialect(Dialect):
         sets, set_params = self.claim_sets(owner, lease_ttl)
         table = self.qn(Job._meta.db_table)
         sql = f"UPDATE {table} SET {sets} WHERE {where} RETURNING {self.claim_columns()}"
-        rows = list(Job.objects.using(self.using).raw(sql, [*set_params, *params]))
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*set_params, *params])
+            rows = self.load_claimed(cursor.fetchall())
         for row in rows:
             # RETURNING hands back a REAL column's integral value as stored (an int).
             if row.timeout is not None:
                 row.timeout = float(row.timeout)
-        rows.sort(key=lambda r: (-r.priority, r.pk))
+        rows.sort(key=lambda r: (-r.priority, r.id))
         return rows

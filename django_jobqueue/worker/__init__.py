@@ -139,7 +139,7 @@ class JobWorker:
             owner=self.worker_id,
             flights=self.flights,
             lock_timeout=lock_timeout,
-            on_recorded=self._on_recorded,
+            on_empty=wake.wake_up,  # --burst and --max-jobs wait for this
         )
         executor = Executor(
             lambda flight: execution.run(dialect, conf, flight),
@@ -220,12 +220,10 @@ class JobWorker:
         wake.wake_up()
 
     def _on_idle(self, load: int) -> None:
+        # Only when the load falls to the dispatcher's low-water mark: waking it for every
+        # finished job would cost more than the claims it leads to.
         dispatcher = self.dispatcher
-        if dispatcher is not None and dispatcher.wants_work(load):
-            wake.wake_up()
-
-    def _on_recorded(self, flight: object) -> None:
-        if not len(self.flights):  # --burst and --max-jobs wait for this
+        if dispatcher is not None and load == dispatcher.low_water():
             wake.wake_up()
 
     def _promote_now(self, promoter: Promoter) -> int:
@@ -277,4 +275,4 @@ class JobWorker:
                 )
             for flight in release:
                 self.flights.remove(flight)
-                flight.done.set()
+                flight.recorded = True

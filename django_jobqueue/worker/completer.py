@@ -24,7 +24,7 @@ from .. import leases
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..exceptions import ResultNotStored
-from ..execution import InFlight, Outcome, error_info, failure_plan, log_outcome
+from ..execution import Outcome, error_info, failure_plan, log_outcome
 from .duty import Duty
 from .flights import Flights
 
@@ -49,13 +49,13 @@ class Completer(Duty):
         owner: str,
         flights: Flights,
         lock_timeout: float,
-        on_recorded: Callable[[InFlight], None] | None = None,
+        on_empty: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(dialect, interval=0.5, lock_timeout=lock_timeout)
         self.conf = conf
         self.owner = owner
         self.flights = flights
-        self.on_recorded = on_recorded
+        self.on_empty = on_empty
         self._queue: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._pending: list[Outcome] = []
         self._busy_until = 0.0
@@ -126,11 +126,11 @@ class Completer(Duty):
             if done:
                 later += self._finish(done)
             for outcome in pending:
-                failed = not outcome.succeeded and not outcome.flight.done.is_set()
+                failed = not outcome.succeeded and not outcome.flight.recorded
                 if failed and not self._fail(outcome):
                     later.append(outcome)
         except BaseException:
-            self._pending = [o for o in pending if not o.flight.done.is_set()]
+            self._pending = [o for o in pending if not o.flight.recorded]
             raise
         self._pending = later
 
@@ -185,12 +185,11 @@ class Completer(Duty):
         return True
 
     def _recorded(self, outcome: Outcome, state: str | None, *, logged: bool = False) -> None:
-        if not logged:
+        if not logged and (state is None or logger.isEnabledFor(logging.DEBUG)):
             log_outcome(outcome, state)
-        self.flights.remove(outcome.flight)
-        outcome.flight.done.set()
-        if self.on_recorded is not None:
-            self.on_recorded(outcome.flight)
+        outcome.flight.recorded = True
+        if self.flights.remove(outcome.flight) and self.on_empty is not None:
+            self.on_empty()
 
     def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every queued outcome to be written."""

@@ -87,6 +87,10 @@ class Dispatcher:
         """Whether to claim at this executor load: a thread is idle, or half the room is free."""
         return load < self.concurrency or load <= self.capacity() // 2
 
+    def low_water(self) -> int:
+        """The highest executor load at which the dispatcher wants to claim."""
+        return max(self.concurrency - 1, self.capacity() // 2)
+
     # -- the loop ----------------------------------------------------------------------------
 
     def step(self, max_jobs: int | None = None) -> int:
@@ -120,9 +124,9 @@ class Dispatcher:
         )
         now = time.monotonic()
         for job in jobs:
-            lease = leases.Lease(job.pk, self.owner, job.attempts)
+            lease = leases.Lease(job.id, self.owner, job.attempts)
             flight = InFlight(job=job, lease=lease, claimed=now, lease_ttl=self.lease_ttl)
-            flight.renew = self.renewer(lease)
+            flight.renewer = self.renewer
             self.flights.add(flight)
             self.executor.submit(flight)
         self.claimed += len(jobs)

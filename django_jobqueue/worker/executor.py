@@ -38,6 +38,7 @@ class Executor:
         self.load = 0
         self.abandoned: list[threading.Thread] = []
         self.ewma_duration: float | None = None  # seconds a handler takes, recent average
+        self._aliases = list(connections)
         for _ in range(size):
             self._spawn()
 
@@ -57,7 +58,7 @@ class Executor:
                     outcome = self._run(flight)
                 except BaseException:  # a pool thread never dies of one job: nobody would
                     logger.exception("Unexpected error running job id=%s", flight.job.pk)
-                _tidy_connections()
+                _tidy_connections(self._aliases)
                 if outcome is not None:
                     self._observe(outcome.duration)
                     self._on_outcome(outcome)
@@ -126,10 +127,11 @@ class Executor:
             self._queue.put(None)
 
 
-def _tidy_connections() -> None:
+def _tidy_connections(aliases: list[str]) -> None:
     """Drop this thread's connections that a handler left broken (the server went away,
     say), so that the next job on this thread connects afresh instead of failing too."""
-    for conn in connections.all(initialized_only=True):
+    for alias in aliases:
+        conn = connections[alias]
         if conn.errors_occurred and not conn.in_atomic_block:
             if not conn.is_usable():
                 conn.close()

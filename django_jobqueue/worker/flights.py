@@ -23,13 +23,17 @@ class Flights:
 
     def add(self, flight: InFlight) -> None:
         with self._lock:
-            self._flights[flight.job.pk] = flight
+            self._flights[flight.job.id] = flight
 
-    def remove(self, flight: InFlight) -> None:
+    def remove(self, flight: InFlight) -> bool:
+        """Forget `flight`; return whether none is held any more."""
         with self._lock:
-            if self._flights.get(flight.job.pk) is flight:
-                del self._flights[flight.job.pk]
+            if self._flights.get(flight.job.id) is flight:
+                del self._flights[flight.job.id]
+            if self._flights:
+                return False
             self.changed.notify_all()
+            return True
 
     def snapshot(self) -> list[InFlight]:
         with self._lock:

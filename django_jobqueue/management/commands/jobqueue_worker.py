@@ -33,6 +33,16 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
 class Command(BaseCommand):
     help = (
         "Run a job queue worker: reclaim expired leases, claim ready jobs, run their handlers "
@@ -96,6 +106,14 @@ class Command(BaseCommand):
             help="Exit after claiming N jobs and finishing them.",
         )
         parser.add_argument(
+            "--prefetch",
+            type=_non_negative_int,
+            metavar="N",
+            help="Claim up to N jobs beyond the free threads while recent jobs are short "
+            "enough to start within milliseconds; 0 claims only for free threads "
+            "(default: JOBQUEUE['PREFETCH'], 128).",
+        )
+        parser.add_argument(
             "--worker-id",
             metavar="NAME",
             help="This worker's lease owner name (default: host:pid:random).",
@@ -113,6 +131,7 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_jobs=options["max_jobs"],
             worker_id=options["worker_id"],
+            prefetch=options["prefetch"],
         )
         try:
             worker = JobWorker(opts)
