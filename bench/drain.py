@@ -12,8 +12,9 @@ from . import harness
 
 
 def drain(jobs: int, workers: int, args: list[str]) -> dict[str, float | None]:
-    import django_jobqueue as jobqueue
     from django.db import transaction
+
+    import django_jobqueue as jobqueue
 
     harness.reset()
     with transaction.atomic():

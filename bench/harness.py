@@ -85,8 +85,12 @@ def start_workers(count: int, args: list[str]) -> list[subprocess.Popen[bytes]]:
     return [
         subprocess.Popen(
             [sys.executable, "-m", "django", "jobqueue_worker", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         for _ in range(count)
     ]
 

@@ -123,6 +123,21 @@ def _validate(conf: JobQueueSettings) -> None:
         )
 
 
+_current: tuple[Any, Any, JobQueueSettings] | None = None
+
+
 def get() -> JobQueueSettings:
-    """Return the current settings (read afresh, so override_settings works in tests)."""
-    return load()
+    """Return the current settings: validated once per JOBQUEUE (and DATABASES) object.
+
+    Cached because enqueue() asks for them every time: validating the dict each time cost
+    more than the INSERT. override_settings (or the pytest-django `settings` fixture) puts new
+    objects in place, so a change made that way is seen at once; a dict changed in place is
+    not.
+    """
+    global _current
+    raw = getattr(settings, "JOBQUEUE", None)
+    databases = settings.DATABASES
+    current = _current
+    if current is None or current[0] is not raw or current[1] is not databases:
+        current = _current = (raw, databases, load(raw))
+    return current[2]

@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .dialects.functions import DbNow
-from .dialects.indexes import ReadyIndex, StateIndex
+from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -132,8 +132,21 @@ class Job(models.Model):
             StateIndex(
                 fields=["run_after", "id"], state="scheduled", name="jobqueue_job_scheduled"
             ),
-            models.Index(fields=["lease_expires"], name="jobqueue_job_lease_expires"),
-            models.Index(fields=["state", "finished_at"], name="jobqueue_job_state_finished"),
+            # Partial where the database allows (every index a row is in costs each UPDATE of
+            # it): leases of the jobs in flight, for the reclaimer; finished jobs by finish time.
+            # The conditions say "in flight" and "final" through the columns the check
+            # constraints tie to those states, so that a comparison on the column implies them
+            # (SQLite cannot match `state IN (%s, %s)` with bound parameters to an index).
+            PartialIndex(
+                fields=["lease_expires"],
+                where=Q(lease_expires__isnull=False),
+                name="jobqueue_job_lease_expires",
+            ),
+            PartialIndex(
+                fields=["state", "finished_at"],
+                where=Q(finished_at__isnull=False),
+                name="jobqueue_job_state_finished",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -49,3 +49,28 @@ class ReadyIndex(StateIndex):
     """The claim scan's index: `ready` rows in (priority DESC, id) order (migration 0002)."""
 
     state = "ready"
+
+
+class PartialIndex(models.Index):
+    """An index over the rows matching `where`, where the database has partial indexes.
+
+    MySQL and MariaDB have none: there it indexes every row, on `fields`. The condition is
+    kept apart from Index.condition (which Django's checks flag on MySQL, W037) and applied
+    only when the index is created on a database that supports it.
+    """
+
+    def __init__(self, *args: Any, where: Q, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        kwargs["where"] = self.where
+        return path, args, kwargs
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        condition = (
+            self.where if schema_editor.connection.features.supports_partial_indexes else None
+        )
+        index = models.Index(fields=list(self.fields), condition=condition, name=self.name)
+        return index.create_sql(model, schema_editor, using=using, **kwargs)

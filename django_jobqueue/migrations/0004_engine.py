@@ -105,6 +105,17 @@ class Migration(migrations.Migration):
             model_name='job',
             constraint=models.CheckConstraint(condition=models.Q(('state__in', ['waiting', 'scheduled', 'ready', 'leased', 'running', 'done', 'dead', 'cancelled'])), name='jobqueue_job_state_valid'),
         ),
+        # Partial where the database allows: a job's row is in fewer indexes while it runs.
+        migrations.RemoveIndex(model_name='job', name='jobqueue_job_lease_expires'),
+        migrations.RemoveIndex(model_name='job', name='jobqueue_job_state_finished'),
+        migrations.AddIndex(
+            model_name='job',
+            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['lease_expires'], name='jobqueue_job_lease_expires', where=models.Q(('lease_expires__isnull', False))),
+        ),
+        migrations.AddIndex(
+            model_name='job',
+            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['state', 'finished_at'], name='jobqueue_job_state_finished', where=models.Q(('finished_at__isnull', False))),
+        ),
         migrations.RunPython(forward_data, backward_data, elidable=False),
         migrations.RunPython(create_trigger, drop_trigger, elidable=False),
     ]
