@@ -7,7 +7,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql docs demo clean
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql docs demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -20,8 +20,8 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 lint: venv
-	$(BIN)/ruff check django_jobqueue tests example_project
-	$(BIN)/ruff format --check django_jobqueue tests example_project
+	$(BIN)/ruff check django_jobqueue tests example_project bench
+	$(BIN)/ruff format --check django_jobqueue tests example_project bench
 
 typecheck: venv
 	$(BIN)/mypy django_jobqueue
@@ -53,8 +53,12 @@ test-mysql: venv
 
 test: lint typecheck checks docs test-sqlite test-postgres test-mysql
 
+# Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
+bench: venv
+	PY=$(BIN)/python bash bench/run.sh
+
 demo: venv
 	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(BIN)
 
 clean:
-	rm -rf $(VENV) .test-state .site example_project/db.sqlite3*
+	rm -rf $(VENV) .test-state .bench-state .site example_project/db.sqlite3*

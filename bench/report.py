@@ -1,0 +1,101 @@
+"""Print the benchmark figures as ratios against the peers and against the targets.
+
+`python -m bench.report [PEER_RESULT_DIRS...]`: reads our own figures from
+.bench-state/results.jsonl (the last of each kind and database) and the peer harness's JSON
+files from the given folders (../shared/bench-peers writes one JSON per lane).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .harness import ROOT
+
+
+def own_figures() -> dict[tuple[str, str, str], dict]:
+    """The last figures of each (bench, db, variant) in results.jsonl."""
+    found: dict[tuple[str, str, str], dict] = {}
+    path = ROOT / ".bench-state" / "results.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            variant = str(row.get("workers", row.get("shape", "")))
+            found[(row["bench"], row["db"], variant)] = row
+    return found
+
+
+def peer_figures(folders: list[str]) -> dict[str, dict]:
+    lanes: dict[str, dict] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.json")):
+            if not path.name.startswith("_"):
+                data = json.loads(path.read_text())
+                if "summary" in data:
+                    lanes[path.stem] = data["summary"]
+    return lanes
+
+
+def median(lanes: dict[str, dict], lane: str, key: str) -> float | None:
+    cell = lanes.get(lane, {}).get(key) or {}
+    return cell.get("median")
+
+
+def line(what: str, ours: float | None, theirs: float | None, target: str, ok: bool | None) -> str:
+    ratio = f"{ours / theirs:.2f}x" if ours and theirs else "n/a"
+    mark = "" if ok is None else ("met" if ok else "MISSED")
+    fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
+    return f"| {what} | {fmt(ours)} | {fmt(theirs)} | {ratio} | {target} | {mark} |"
+
+
+def main() -> None:
+    lanes = peer_figures(sys.argv[1:])
+    own = own_figures()
+    rows = ["| figure | ours | baseline | ratio | target | |", "|---|---|---|---|---|---|"]
+    steady = "drain_2w_steady_jobs_per_s"
+    for ours, theirs, factor in (
+        ("jobqueue-pg", "pgqueuer-pg", 1.5),
+        ("jobqueue-pg", "procrastinate-pg", 10),
+        ("jobqueue-mysql", "djtasks-mysql", 5),
+        ("jobqueue-sqlite", "djtasks-sqlite", 5),
+    ):
+        a, b = median(lanes, ours, steady), median(lanes, theirs, steady)
+        ok = None if a is None or b is None else a >= factor * b
+        rows.append(line(f"steady drain, 2 workers: {ours} / {theirs}", a, b, f">= {factor}x", ok))
+    p50 = median(lanes, "jobqueue-pg", "latency_median_ms")
+    p95 = median(lanes, "jobqueue-pg", "latency_p95_ms")
+    rows.append(line("wake-up p50 ms (PostgreSQL)", p50, None, "<= 5 ms", p50 and p50 <= 5))
+    rows.append(line("wake-up p95 ms (PostgreSQL)", p95, None, "<= 15 ms", p95 and p95 <= 15))
+    bulk = "enqueue_bulk_jobs_per_s"
+    a, b = median(lanes, "jobqueue-pg", bulk), median(lanes, "pgqueuer-pg", bulk)
+    rows.append(
+        line("bulk enqueue: ours / PGQueuer", a, b, ">= 1x", None if not (a and b) else a >= b)
+    )
+    for db in ("pg", "mysql", "sqlite"):
+        enq = own.get(("enqueue", db, ""))
+        if enq:
+            ok = enq["enqueue_vs_bare"] >= 0.8
+            rows.append(line(f"single enqueue / bare create ({db})", enq["enqueue_per_s"],
+                             enq["bare_create_per_s"], ">= 0.8x", ok))  # fmt: skip
+        cost = own.get(("claim_cost", db, ""))
+        if cost:
+            what = f"claim ms, 1M finished + 100k scheduled / empty ({db})"
+            ok = cost["ratio"] <= 1.2
+            rows.append(line(what, cost["full_ms"], cost["empty_ms"], "<= 1.2x", ok))
+        for shape in ("dag", "container"):
+            flow = own.get(("workflows", db, shape))
+            base = own.get(("workflows", db, "independent"))
+            if flow and base:
+                rows.append(line(f"{shape} jobs/s / independent jobs/s ({db})", flow["jobs_per_s"],
+                                 base["jobs_per_s"], ">= 0.67x (within 1.5x)",
+                                 flow["rate_vs_independent"] >= 1 / 1.5))  # fmt: skip
+        drain = own.get(("drain", db, "2"))
+        if drain and drain.get("peak_rss_mb"):
+            rows.append(line(f"worker peak RSS MB, concurrency 8 ({db})", drain["peak_rss_mb"],
+                             None, "< 100 MB", drain["peak_rss_mb"] < 100))  # fmt: skip
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
