@@ -6,8 +6,8 @@ jobs, as a DAG with fan-in, and as the children of one container.
 - independent: N jobs with no edges;
 - dag: N/10 diamonds: a job, 8 jobs that depend on it, a job that depends on those 8;
 - container: one container of N/2 children, and a job that depends on the container.
-Each reports the drain rate (jobs/s from the workers' start to the last job done), and the
-DAG and container rates are also given as a ratio of the independent rate.
+Each reports the drain rate (jobs/s from the first job done to the last, so that worker
+start-up does not count), and the DAG and container rates as a ratio of the independent one.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def container(n: int) -> int:
 
 
 def run(build: Callable[[int], int], n: int, workers: int, args: list[str]) -> dict[str, float]:
+    """Drain what `build` enqueues; the rate counts from the first job done (no start-up)."""
     from django.db import transaction
 
     from django_jobqueue.models import Job
@@ -57,17 +58,18 @@ def run(build: Callable[[int], int], n: int, workers: int, args: list[str]) -> d
     with transaction.atomic():
         jobs = build(n)
     harness.analyze()
-    started = time.perf_counter()
+    unfinished = Job.objects.exclude(state__in=Job.TERMINAL_STATES)
     procs = harness.start_workers(workers, args)
     try:
-        harness.wait_until(
-            lambda: not Job.objects.exclude(state__in=Job.TERMINAL_STATES).exists(), 900
-        )
+        harness.wait_until(lambda: Job.objects.filter(state="done").exists(), 120, 0.005)
+        started = time.perf_counter()
+        first = Job.objects.filter(state="done").count()
+        harness.wait_until(lambda: not unfinished.exists(), 900)
         took = time.perf_counter() - started
     finally:
         harness.stop_workers(procs)
     assert Job.objects.exclude(state="done").count() == 0
-    return {"jobs": jobs, "seconds": took, "jobs_per_s": jobs / took}
+    return {"jobs": jobs, "seconds": took, "jobs_per_s": (jobs - first) / took}
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
+from .workflows import UNFINISHED
 
 JobRef = Job | int
 BAD_UPSTREAM = (Job.State.DEAD, Job.State.CANCELLED)
@@ -322,12 +323,12 @@ def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
         ordered = sorted(frontier)
         after = set(
             jobs.filter(pk__in=ordered, parent_id__isnull=False)
-            .exclude(parent__state__in=Job.TERMINAL_STATES)
+            .filter(parent__state__in=UNFINISHED)  # a join, not NOT IN over the table
             .values_list("parent_id", flat=True)
         ) | set(
             JobDependency.objects.using(using)
             .filter(depends_on_id__in=ordered)
-            .exclude(job__state__in=Job.TERMINAL_STATES)
+            .filter(job__state__in=UNFINISHED)
             .values_list("job_id", flat=True)
         )
         frontier = after - seen

@@ -209,6 +209,40 @@ class Dialect:
         sql, params = self._sql_cache[key]
         return sql, list(params)
 
+    def promote(self, ids: Sequence[int]) -> set[str]:
+        """Make the locked waiting jobs `ids` whose upstreams are all done runnable.
+
+        They become `ready`, or `scheduled` when their `run_after` lies ahead. Returns the
+        queues of the jobs promoted. Portable version: the blocked ones, then an UPDATE.
+        """
+        from ..models import Job, JobDependency
+
+        not_done = [s for s in Job.State.values if s != Job.State.DONE]
+        blocked = set(
+            JobDependency.objects.using(self.using)
+            .filter(job_id__in=self.id_set(ids), depends_on__state__in=not_done)
+            .values_list("job_id", flat=True)
+        )
+        runnable = [pk for pk in ids if pk not in blocked]
+        if not runnable:
+            return set()
+        jobs = Job.objects.using(self.using)
+        chosen = jobs.filter(pk__in=self.id_set(runnable), state=Job.State.WAITING)
+        queues = set(chosen.order_by().values_list("queue", flat=True).distinct())
+        later = Case(
+            When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),
+            default=Value(Job.State.READY),
+        )
+        return queues if chosen.update(state=later, updated_at=DbNow()) else set()
+
+    def id_set(self, ids: Sequence[int]) -> Any:
+        """What `pk__in=` takes for many ids: here the list (an IN list of parameters).
+
+        A dialect whose database can take the ids as one parameter (an array, a JSON
+        document) returns a subquery instead: long lists cost Django and the database less.
+        """
+        return list(ids)
+
     def json_append(self, column: str, value: str) -> Expression:
         """An expression appending the string `value` to the JSON array in `column`."""
         raise NotImplementedError

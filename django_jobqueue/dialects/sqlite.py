@@ -3,13 +3,15 @@ from SQLite 3.35 the claim is one UPDATE ... RETURNING inside it."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, transaction
 from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
+from django.db.models.expressions import RawSQL
 
 from .base import Dialect
 
@@ -74,6 +76,10 @@ class SQLiteDialect(Dialect):
         # The busy timeout bounds the wait for the write lock (BEGIN IMMEDIATE).
         with self.connection.cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout = {max(1, int(lock_timeout * 1000))}")
+
+    def id_set(self, ids: Sequence[int]) -> Any:
+        # One JSON parameter instead of an IN list of parameters (SQLite caps their number).
+        return RawSQL("SELECT value FROM json_each(%s)", (json.dumps(list(ids)),))
 
     def json_append_sql(self, column: str) -> str:
         return f"json_insert({column}, '$[#]', %s)"
