@@ -45,7 +45,8 @@ class Graph:
     """
 
     def __init__(self) -> None:
-        self.using = conf.get().database
+        self.settings = conf.get()
+        self.using = self.settings.database
         self._nodes: list[_Node] = []
         self._known: set[int] = set()  # id() of this graph's unsaved jobs
         self.saved = False
@@ -71,6 +72,7 @@ class Graph:
         job, _ = _build(
             type, args, group=group, weight=weight, priority=priority, queue=queue,
             run_after=run_after, max_attempts=max_attempts, timeout=timeout,
+            settings=self.settings,
         )  # fmt: skip
         return self._add(job, list(depends_on), parent)
 
@@ -252,7 +254,7 @@ def _ref_id(ref: JobRef) -> int:
 def _bulk_insert(using: str, jobs: list[Job]) -> None:
     """Insert `jobs`, setting their primary keys (one INSERT per 500 rows where possible)."""
     if connections[using].features.can_return_rows_from_bulk_insert:
-        Job.objects.using(using).bulk_create(jobs, batch_size=500)
+        get_dialect(using).insert_jobs(jobs)
     else:  # MySQL returns no ids from a multi-row INSERT: insert one by one
         for job in jobs:
             job.save(using=using, force_insert=True)

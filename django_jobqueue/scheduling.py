@@ -113,6 +113,7 @@ class Scheduler:
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
+        self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
         """Create the lock rows of the configured limits (idempotent)."""
@@ -133,11 +134,19 @@ class Scheduler:
         """Whether this claim must go through `select()` rather than take the best jobs.
 
         Without limits, only several groups with ready work need planning. The view of the
-        groups is cached, so this costs a query at most once per FAIR_SHARE_REFRESH.
+        groups is cached, so this costs a query at most once per FAIR_SHARE_REFRESH, and
+        none while the worker is idle (its last claim found nothing): the first claim after
+        an idle spell takes the best jobs, and the view is refreshed after it.
         """
         if self.has_limits:
             return True
+        if self.idle and time.monotonic() >= self._demand_until:
+            return False
         return len(self._current_demand(ready)) > 1
+
+    def note_claimed(self, count: int) -> None:
+        """Record how many jobs the last claim took (none: the worker is idle)."""
+        self.idle = count == 0
 
     def ask_dynamic(self, ready: JobQuerySet) -> dict[str, int | None]:
         """Ask the DYNAMIC_LIMIT hook for each group with ready work.

@@ -19,7 +19,7 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
 def check_args(key: str, args: Any) -> dict[str, Any]:
     """Return `args` as a dict after checking it is a JSON object of JSON values."""
-    if args is None:
+    if args is None or (type(args) is dict and not args):
         return {}
     if not isinstance(args, Mapping):
         raise InvalidArgumentsError(

@@ -122,6 +122,7 @@ class Dispatcher:
             lease_ttl=self.lease_ttl,
             scheduler=self.scheduler,
         )
+        self.scheduler.note_claimed(len(jobs))
         now = time.monotonic()
         for job in jobs:
             lease = leases.Lease(job.id, self.owner, job.attempts)

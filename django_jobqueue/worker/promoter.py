@@ -66,13 +66,16 @@ class Promoter(Duty):
         self.batch = batch
 
     def tick(self) -> float | None:
-        promoted = promote_due(self.dialect, batch=self.batch)
-        if promoted:
-            logger.debug("Promoted %s due job(s)", promoted)
-        if promoted >= self.batch:
-            return 0.0
+        # A read first: an idle promoter opens no write transaction (on SQLite, that would
+        # take the database's write lock every second for nothing).
         until = seconds_until_due(self.dialect)
         if until is None:
             return None
+        if until <= 0:
+            promoted = promote_due(self.dialect, batch=self.batch)
+            if not promoted:
+                return 0.01  # another worker's promoter holds them: look again shortly
+            logger.debug("Promoted %s due job(s)", promoted)
+            return 0.0  # more may be due: look again at once
         # A little after the due time: clocks differ by the time the query took.
-        return min(self.interval, max(0.002, until + 0.001))
+        return min(self.interval, until + 0.001)

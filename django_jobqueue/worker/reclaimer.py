@@ -19,6 +19,8 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
+from django.db.models import QuerySet
+
 from .. import workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
@@ -126,13 +128,15 @@ def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
     }
 
 
+def _stale_workers(dialect: Dialect, stale_after: float) -> QuerySet[Worker]:
+    return Worker.objects.using(dialect.using).filter(
+        heartbeat_at__lt=DbNow() - seconds(stale_after)
+    )
+
+
 def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
     """Delete Worker rows whose heartbeat is older than `stale_after` seconds."""
-    deleted, _ = (
-        Worker.objects.using(dialect.using)
-        .filter(heartbeat_at__lt=DbNow() - seconds(stale_after))
-        .delete()
-    )
+    deleted, _ = _stale_workers(dialect, stale_after).delete()
     return deleted
 
 
@@ -163,6 +167,12 @@ class Reclaimer(Duty):
         return self.healthy_for() >= max(self.lease_ttl, owner_ttl or 0.0)
 
     def tick(self) -> float | None:
+        # Reads first: an idle reclaimer opens no write transaction (on SQLite, that would
+        # take the database's write lock every second for nothing).
+        if self.may_judge(None) and _stale_workers(self.dialect, self.lease_ttl * 4).exists():
+            sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
+        if not Job.objects.using(self.dialect.using).expired().exists():
+            return None
         moved = reclaim_expired(
             self.dialect,
             batch=self.batch,
@@ -170,6 +180,4 @@ class Reclaimer(Duty):
             backoff_max=self.backoff_max,
             may_judge=self.may_judge,
         )
-        if self.may_judge(None):
-            sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
         return 0.0 if len(moved) >= self.batch else None
