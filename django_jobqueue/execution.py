@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import leases, registry
+from . import leases, registry, wake
 from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
@@ -137,6 +137,8 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
     job, lease = flight.job, flight.lease
     if not flight.enter_handler(_effective_timeout(job) if job.timeout else None):
         return None  # released (shutdown) before it started
+    if flight.deadline is not None:
+        wake.wake_up()  # the dispatcher times it out: it must know the deadline now
     if logger.isEnabledFor(logging.DEBUG):  # per-job lines only at -v 2: they cost throughput
         logger.debug("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
     try:

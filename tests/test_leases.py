@@ -459,3 +459,18 @@ def test_due_scheduled_jobs_are_promoted_and_future_ones_wait(dialect):
     assert [j.pk for j in leases.claim(dialect, owner="w1", queues=[], limit=5, lease_ttl=TTL)] == [
         soon.pk
     ]
+
+
+def test_stale_worker_rows_are_judged_by_their_own_lease_ttl(dialect):
+    """A row is swept once its heartbeat is older than four of *its* TTLs: a worker with a
+    long TTL is not swept by one with a short TTL while it is alive by its own."""
+    from django_jobqueue.worker.reclaimer import sweep_workers
+
+    beat = timezone.now() - dt.timedelta(seconds=60)
+    for worker_id, ttl in (("short", 10.0), ("long", 30.0)):
+        Worker.objects.create(
+            id=worker_id, host="h", pid=1, concurrency=1, started_at=beat,
+            heartbeat_at=beat, lease_ttl=ttl, expires_at=beat + dt.timedelta(seconds=ttl),
+        )  # fmt: skip
+    assert sweep_workers(dialect, stale_after=4.0) == 1
+    assert list(Worker.objects.values_list("pk", flat=True)) == ["long"]

@@ -114,11 +114,11 @@ def test_stalled_worker_that_lost_its_lease_cannot_record_an_outcome(start_worke
 
 
 def test_row_of_a_killed_worker_is_swept_once_its_heartbeat_is_stale(start_worker):
-    doomed = start_worker()
+    doomed = start_worker("--lease-ttl", "1", "--heartbeat-interval", "0.5")
     doomed_id = doomed.wait_registered().id
     doomed.kill()
     assert Worker.objects.filter(pk=doomed_id).exists()  # nobody said goodbye
-    # Another worker sweeps rows whose heartbeat is older than 4 of its lease TTLs.
+    # Another worker sweeps rows whose heartbeat is older than 4 of their own lease TTLs.
     sweeper = start_worker("--lease-ttl", "1", "--heartbeat-interval", "0.5")
     sweeper_id = sweeper.wait_registered().id
     poll(lambda: not Worker.objects.filter(pk=doomed_id).exists(), timeout=60)

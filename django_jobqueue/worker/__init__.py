@@ -27,6 +27,7 @@ from django.db import DatabaseError, InterfaceError
 from .. import conf as conf_module
 from .. import execution, leases, wake
 from ..dialects import get_dialect
+from ..execution import InFlight
 from ..scheduling import Scheduler
 from .completer import Completer
 from .dispatcher import Dispatcher
@@ -255,12 +256,17 @@ class JobWorker:
         """Release jobs not started, let running ones finish for up to the shutdown timeout,
         then release the rest; wait for the completer to record what finished."""
         deadline = time.monotonic() + self.shutdown_timeout
-        release = [f for f in executor.take_unstarted() if f.settle()]
+        # Claimed ahead (prefetch) but not started: back to ready at once, for other workers.
+        self._release([f for f in executor.take_unstarted() if f.settle()])
         while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
             dispatcher.reap()
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-        release += [f for f in self.flights.snapshot() if f.settle()]
+        release = [f for f in self.flights.snapshot() if f.settle()]
         completer.flush(max(5.0, deadline - time.monotonic()))
+        self._release(release)
+
+    def _release(self, release: list[InFlight]) -> None:
+        """Hand unfinished attempts back to `ready` without charging them (shutdown)."""
         if release:
             try:
                 released = leases.release(self.dialect, [f.lease for f in release])

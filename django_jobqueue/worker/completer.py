@@ -1,7 +1,7 @@
 """The completer: records outcomes in batches, on a thread and a connection of its own.
 
 Executor threads hand it outcomes and go back to work; it writes every finished job that has
-accumulated in one transaction (one statement on PostgreSQL and SQLite), each row fenced by id,
+accumulated in one transaction (one statement on PostgreSQL), each row fenced by id,
 owner and generation, so no handler waits for another's write. Failures are written one by
 one (their history is read under the row's lock).
 
@@ -25,6 +25,7 @@ from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..exceptions import ResultNotStored
 from ..execution import Outcome, error_info, failure_plan, log_outcome
+from ..execution import logger as execution_logger
 from .duty import Duty
 from .flights import Flights
 
@@ -185,7 +186,7 @@ class Completer(Duty):
         return True
 
     def _recorded(self, outcome: Outcome, state: str | None, *, logged: bool = False) -> None:
-        if not logged and (state is None or logger.isEnabledFor(logging.DEBUG)):
+        if not logged and (state is None or execution_logger.isEnabledFor(logging.DEBUG)):
             log_outcome(outcome, state)
         outcome.flight.recorded = True
         if self.flights.remove(outcome.flight) and self.on_empty is not None:

@@ -135,8 +135,22 @@ def _stale_workers(dialect: Dialect, stale_after: float) -> QuerySet[Worker]:
 
 
 def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
-    """Delete Worker rows whose heartbeat is older than `stale_after` seconds."""
-    deleted, _ = _stale_workers(dialect, stale_after).delete()
+    """Delete Worker rows whose heartbeat is older than four of their own lease TTLs (and
+    than `stale_after` seconds): a worker with a longer TTL than this one is judged by its own.
+    """
+    rows = (
+        _stale_workers(dialect, stale_after)
+        .annotate(now=DbNow())
+        .values_list("pk", "heartbeat_at", "lease_ttl", "now")
+    )
+    doomed = [
+        pk
+        for pk, beat, ttl, now in rows
+        if (now - beat).total_seconds() > max(stale_after, 4 * (ttl or 0.0))
+    ]
+    if not doomed:
+        return 0
+    deleted, _ = Worker.objects.using(dialect.using).filter(pk__in=doomed).delete()
     return deleted
 
 
