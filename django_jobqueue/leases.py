@@ -24,7 +24,7 @@ from django.db.models import F, Q
 from . import workflows
 from .claimed import ClaimedJob
 from .dialects import Dialect
-from .dialects.base import MAX_DELAY, FinishReport, seconds
+from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
 from .dialects.functions import DbNow
 from .models import Job, JobQuerySet
 
@@ -88,6 +88,13 @@ def claim(
 
     ready = _ready(dialect.using, tuple(queues))
     dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
+    if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
+        # One statement, its own transaction: no BEGIN and COMMIT round trips.
+        return dialect.run_statement(
+            lambda: dialect.claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+            )
+        )
 
     def txn() -> list[ClaimedJob]:
         if scheduler is None or not scheduler.needs_planning(ready):
@@ -118,12 +125,24 @@ def finish_many(
     dependents or a container.
     """
 
+    done: list[Finished] = []
+    if dialect.autocommit_statements:
+        # Jobs without dependents or container need nothing else in their transaction: one
+        # statement in autocommit finishes them; the others take the full transaction below.
+        done = dialect.run_statement(lambda: dialect.finish_simple(owner=owner, items=items))
+        if len(done) == len(items):
+            return FinishReport(done)
+        finished = {f.job_id for f in done}
+        items = [item for item in items if item[0] not in finished]
+
     def txn() -> FinishReport:
         report = dialect.finish_many(owner=owner, items=items)
         workflows.on_finished(dialect, report.finished)
         return report
 
-    return dialect.run_in_transaction(txn)
+    report = dialect.run_in_transaction(txn)
+    report.finished[:0] = done
+    return report
 
 
 def finish(

@@ -162,6 +162,36 @@ class Dialect:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
+    @property
+    def autocommit_statements(self) -> bool:
+        """Whether the claim (without planning) and the finish of simple jobs may run as
+        single statements in autocommit, saving a transaction's BEGIN and COMMIT trips."""
+        return False
+
+    def run_statement(self, func: Callable[[], T]) -> T:
+        """Run `func`, one statement in autocommit, retrying it on transient lock errors."""
+        delay = self.transient_backoff
+        for attempt in range(1, self.transient_retries + 1):
+            try:
+                if self.connection.in_atomic_block:
+                    raise RuntimeError("Worker statements must not run inside a transaction.")
+                return func()
+            except DatabaseError as exc:
+                if not self.is_transient(exc) or attempt == self.transient_retries:
+                    raise
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    def finish_simple(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> list[Finished]:
+        """Finish, in one autocommit statement, the jobs of `items` that need nothing else.
+
+        Only where `autocommit_statements`; see PostgreSQLDialect.
+        """
+        raise NotImplementedError
+
     def _atomic(self) -> Any:
         if self.connection.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
@@ -205,9 +235,11 @@ class Dialect:
         """
         key = ("claim", shape, limit)
         if shape is None or key not in self._sql_cache:
-            self._sql_cache[key] = self.compile_query(
-                self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
-            )
+            # select_for_update() compiles only inside a transaction (even in autocommit use).
+            with transaction.atomic(using=self.using):
+                self._sql_cache[key] = self.compile_query(
+                    self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
+                )
         sql, params = self._sql_cache[key]
         return sql, list(params)
 

@@ -205,12 +205,34 @@ class PostgreSQLDialect(Dialect):
     def finish_many(
         self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
     ) -> FinishReport:
+        rows = self._finish_statement(owner, items, only_simple=False)
+        report = FinishReport(
+            [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+        )
+        self._sort_missing(
+            report, {i: a for i, a, _ in items}, {f.job_id for f in report.finished}, owner
+        )
+        return report
+
+    def finish_simple(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> list[Finished]:
+        # In autocommit, one statement: only jobs that nothing depends on and that belong to
+        # no container, which need nothing else in their transaction. A row locked elsewhere,
+        # or whose lease is gone, or that needs the graph to react, is not returned.
+        rows = self._finish_statement(owner, items, only_simple=True)
+        return [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+
+    def _finish_statement(
+        self, owner: str, items: Sequence[tuple[int, int, str | None]], *, only_simple: bool
+    ) -> list[Any]:
         from ..models import Job
 
         table = self.qn(Job._meta.db_table)
-        key = ("finish_sql", table)
+        key = ("finish_sql", table, only_simple)
         if key not in self._sql_cache:
             now, _ = self.compile(DbNow())
+            simple = "AND NOT j.has_dependents AND j.parent_id IS NULL" if only_simple else ""
             # The batch travels as one JSON document (one C-level json.dumps here, one parse
             # on the server), not as arrays dumped element by element. The rows are locked
             # with SKIP LOCKED first: a row an application transaction holds locked is left
@@ -223,7 +245,7 @@ class PostgreSQLDialect(Dialect):
                 ), locked AS (
                     SELECT j.id, j.cancel_requested FROM {table} AS j JOIN v ON v.id = j.id
                     WHERE j.attempts = v.attempt AND j.lease_owner = %s
-                      AND j.state IN ('leased', 'running')
+                      AND j.state IN ('leased', 'running') {simple}
                     FOR UPDATE OF j SKIP LOCKED
                 )
                 UPDATE {table} AS j SET
@@ -251,14 +273,17 @@ class PostgreSQLDialect(Dialect):
         )
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [batch, owner])
-            rows = cursor.fetchall()
-        report = FinishReport(
-            [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+            return list(cursor.fetchall())
+
+    @property
+    def autocommit_statements(self) -> bool:
+        # Only at READ COMMITTED (PostgreSQL's default): at a stricter level configured for
+        # the project, a claim must run in a transaction that pins READ COMMITTED first.
+        level = self.connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
+        return level is None or str(level).upper().replace("_", " ") in (
+            "READ COMMITTED",
+            "ISOLATIONLEVEL.READ COMMITTED",
         )
-        self._sort_missing(
-            report, {i: a for i, a, _ in items}, {f.job_id for f in report.finished}, owner
-        )
-        return report
 
 
 class Listener:
