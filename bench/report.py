@@ -87,9 +87,11 @@ def main() -> None:
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))
             if flow and base:
-                rows.append(line(f"{shape} jobs/s / independent jobs/s ({db})", flow["jobs_per_s"],
-                                 base["jobs_per_s"], ">= 0.67x (within 1.5x)",
-                                 flow["rate_vs_independent"] >= 1 / 1.5))  # fmt: skip
+                # The DAG has a target; the container is reported beside it.
+                what = f"{shape} jobs/s / independent jobs/s ({db})"
+                target = ">= 0.67x (within 1.5x)" if shape == "dag" else "reported"
+                ok = flow["rate_vs_independent"] >= 1 / 1.5 if shape == "dag" else None
+                rows.append(line(what, flow["jobs_per_s"], base["jobs_per_s"], target, ok))
         drain = own.get(("drain", db, "2"))
         if drain and drain.get("peak_rss_mb"):
             rows.append(line(f"worker peak RSS MB, concurrency 8 ({db})", drain["peak_rss_mb"],
