@@ -100,30 +100,8 @@ def explain(queryset: Any) -> tuple[set[str], bool]:
     # select_for_update() compiles only inside a transaction; the plan is the same.
     with transaction.atomic():
         sql, params = queryset.query.get_compiler(using="default").as_sql()
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-                plan = cursor.fetchone()[0]
-                plan = json.loads(plan) if isinstance(plan, str) else plan
-                nodes = list(_pg_nodes(plan))
-                return (
-                    {n["Index Name"] for n in nodes if "Index Name" in n},
-                    any(n.get("Node Type") in ("Sort", "Incremental Sort") for n in nodes),
-                )
-            if connection.vendor == "mysql":
-                cursor.execute(f"EXPLAIN {sql}", params)
-                columns = [c[0].lower() for c in cursor.description]
-                rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-                return (
-                    {row["key"] for row in rows if row["key"]},
-                    any("filesort" in (row["extra"] or "") for row in rows),
-                )
-            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
-            details = " ".join(str(row[-1]) for row in cursor.fetchall())
-            return (
-                set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", details)),
-                "TEMP B-TREE" in details,
-            )
+        used, sorts, _ = explain_sql(sql, params)
+    return used, sorts
 
 
 def _pg_nodes(node: Any) -> Iterator[dict[str, Any]]:
@@ -282,11 +260,11 @@ def statements_of(action: Any) -> list[str]:
     return [q["sql"] for q in captured.captured_queries]
 
 
-def explain_sql(sql: str) -> tuple[set[str], bool, str]:
+def explain_sql(sql: str, params: Any = None) -> tuple[set[str], bool, str]:
     """Return the indexes a statement's plan reads, whether it sorts, and the plan's text."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
             plan = cursor.fetchone()[0]
             plan = json.loads(plan) if isinstance(plan, str) else plan
             nodes = list(_pg_nodes(plan))
@@ -296,7 +274,7 @@ def explain_sql(sql: str) -> tuple[set[str], bool, str]:
                 json.dumps(plan)[:3000],
             )
         if connection.vendor == "mysql":
-            cursor.execute(f"EXPLAIN {sql}")
+            cursor.execute(f"EXPLAIN {sql}", params)
             columns = [c[0].lower() for c in cursor.description]
             rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
             return (
@@ -304,7 +282,7 @@ def explain_sql(sql: str) -> tuple[set[str], bool, str]:
                 any("filesort" in (row["extra"] or "") for row in rows),
                 str(rows),
             )
-        cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
         details = " ".join(str(row[-1]) for row in cursor.fetchall())
         return (
             set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", details)),
