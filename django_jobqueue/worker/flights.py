@@ -19,7 +19,6 @@ class Flights:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flights: dict[int, InFlight] = {}
-        self.changed = threading.Condition(self._lock)
 
     def add(self, flight: InFlight) -> None:
         with self._lock:
@@ -30,10 +29,7 @@ class Flights:
         with self._lock:
             if self._flights.get(flight.job.id) is flight:
                 del self._flights[flight.job.id]
-            if self._flights:
-                return False
-            self.changed.notify_all()
-            return True
+            return not self._flights
 
     def snapshot(self) -> list[InFlight]:
         with self._lock:
@@ -46,8 +42,3 @@ class Flights:
     def __len__(self) -> int:
         with self._lock:
             return len(self._flights)
-
-    def wait_empty(self, timeout: float) -> bool:
-        """Block until no attempt is held or `timeout` passes; return whether it is empty."""
-        with self._lock:
-            return self.changed.wait_for(lambda: not self._flights, timeout)
