@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .control import cancel, container, retry
     from .enqueuing import enqueue
     from .graphs import Graph, enqueue_many, graph
+    from .inbox import record_effect
 
 try:
     __version__ = version("django-jobqueue")
@@ -57,6 +58,7 @@ __all__ = [
     "enqueue_many",
     "graph",
     "handler",
+    "record_effect",
     "retry",
 ]
 
@@ -71,6 +73,7 @@ _LAZY = {
     "Graph": "graphs",
     "enqueue_many": "graphs",
     "graph": "graphs",
+    "record_effect": "inbox",
 }
 
 

@@ -335,27 +335,31 @@ if HAS_TASKS:
         return dependency
 
     def _import_task(module_path: str, backend: JobQueueBackend) -> Task[Any, Any] | None:
-        """Find a task for result look-ups in a process that has not imported it yet.
+        """Find a task defined in this process (for any alias) to read a result with.
 
-        Only for reading results: the worker runs nothing but allowlisted tasks.
+        Fix: this imported the module a row's type named, so a forged row made the web
+        process import any module. Only tasks already defined here (tasks.py modules are
+        discovered at start-up) are resolved.
         """
-        from django.utils.module_loading import import_string
+        from . import registry
 
-        try:
-            task = import_string(module_path)
-        except ImportError:
-            return None
-        if not isinstance(task, Task):
-            return None
-        if task.backend != backend.alias:
-            # Fix: a task defined for another alias and enqueued on this one with
-            # using(backend=...) was not found by a backend instance that had not enqueued it
-            # (another thread's, another process's): its result "did not exist".
-            try:
-                task = dataclasses.replace(task, backend=backend.alias)
-            except InvalidTask:
-                return None
-        return task
+        suffix = f":{module_path}"
+        for key in registry.allowlist():
+            if not (key.startswith(f"{TASK_KEY_PREFIX}:") and key.endswith(suffix)):
+                continue
+            runner = registry.get(key).func
+            task = getattr(runner, "task", None)
+            if not isinstance(task, Task) or task.module_path != module_path:
+                continue
+            if task.backend != backend.alias:
+                # A task defined for another alias and enqueued on this one with
+                # using(backend=...): read its result as this alias's.
+                try:
+                    task = dataclasses.replace(task, backend=backend.alias)
+                except InvalidTask:
+                    continue
+            return task
+        return None
 
 
 def _queue_database() -> str:

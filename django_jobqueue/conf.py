@@ -33,7 +33,12 @@ class JobQueueSettings:
     fair_share_refresh: float = 1.0  # seconds a worker reuses its view of the ready groups
     lock_timeout: float = 5.0  # seconds any worker statement waits for a lock, at most
     prefetch: int = 128  # jobs claimed beyond free threads, while recent jobs are short
+    max_args_bytes: int = 1_048_576  # largest args of one job, as JSON text
+    max_result_bytes: int = 1_048_576  # largest result of one job, as JSON text
 
+
+# The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
+INT_MAX = 2**31 - 1
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
 
@@ -46,8 +51,8 @@ def load(raw: dict[str, Any] | None = None) -> JobQueueSettings:
         raise ImproperlyConfigured("settings.JOBQUEUE must be a dict.")
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        name = key.lower()
-        if not key.isupper() or name not in _FIELDS:
+        name = key.lower() if isinstance(key, str) else ""
+        if not name or not key.isupper() or name not in _FIELDS:
             known = ", ".join(sorted(n.upper() for n in _FIELDS))
             raise ImproperlyConfigured(f"Unknown JOBQUEUE setting {key!r}; known: {known}.")
         values[name] = value
@@ -81,24 +86,39 @@ def _validate(conf: JobQueueSettings) -> None:
     ):
         positive(name)
     positive("timeout", allow_none=True)
-    for name in ("max_attempts", "reclaim_batch", "max_abandoned_threads"):
+    for name in (
+        "max_attempts",
+        "reclaim_batch",
+        "max_abandoned_threads",
+        "max_args_bytes",
+        "max_result_bytes",
+    ):
         value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be an integer >= 1.")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
+            )
     if (
         isinstance(conf.shutdown_timeout, bool)
         or not isinstance(conf.shutdown_timeout, int | float)
+        or not math.isfinite(conf.shutdown_timeout)
         or conf.shutdown_timeout < 0
     ):
-        raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number >= 0.")
+        raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a finite number >= 0.")
     for name in ("group_limits", "queue_limits"):
         limits = getattr(conf, name)
+        # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
         if not isinstance(limits, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            isinstance(k, str)
+            and 1 <= len(k) <= 200
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and 1 <= v <= INT_MAX
             for k, v in limits.items()
         ):
             raise ImproperlyConfigured(
-                f"JOBQUEUE[{name.upper()!r}] must map names to integers >= 1."
+                f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters to "
+                f"integers from 1 to {INT_MAX}."
             )
     if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
         raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
@@ -107,6 +127,10 @@ def _validate(conf: JobQueueSettings) -> None:
     ):
         raise ImproperlyConfigured(
             "JOBQUEUE['DYNAMIC_LIMIT'] must be a callable or the dotted path of one."
+        )
+    if not isinstance(conf.database, str):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['DATABASE'] must be a database alias (a string), not {conf.database!r}."
         )
     if conf.heartbeat_interval * 2 > conf.lease_ttl:
         raise ImproperlyConfigured(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import IntegrityError, transaction
@@ -14,20 +14,14 @@ from .exceptions import InvalidJobError
 from .models import Job
 
 
-def _in_transaction[T](dialect: Dialect, func: Callable[[], T]) -> T:
-    """Run `func` in the caller's transaction when one is open, else in a write transaction."""
-    if dialect.connection.in_atomic_block:
-        with transaction.atomic(using=dialect.using):
-            return func()
-    return dialect.run_in_transaction(func)
-
-
 def _pk(job: Job | int) -> int:
     if isinstance(job, Job):
         if job.pk is None:
             raise InvalidJobError("The job is not saved.")
         return int(job.pk)
     if isinstance(job, int) and not isinstance(job, bool):
+        if not 1 <= job <= validation.ID_MAX:  # no such row; the driver could not even send it
+            raise InvalidJobError(f"Job {job} does not exist.")
         return job
     raise InvalidJobError(f"Expected a job or a job id, not {job!r}.")
 
@@ -66,7 +60,7 @@ def cancel(job: Job | int) -> bool:
         workflows.on_terminal(dialect, pk, Job.State.CANCELLED, parent_id)
         return True
 
-    return _in_transaction(dialect, txn)
+    return dialect.run_in_caller_transaction(txn)
 
 
 def _cancel_children(dialect: Dialect, container_id: int) -> None:
@@ -115,6 +109,11 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
             raise InvalidJobError(f"Job {pk} is {row.state}; only dead or cancelled jobs retry.")
         if row.is_container:
             raise InvalidJobError(f"Job {pk} is a container; retry its dead children instead.")
+        if row.attempts + extra_attempts > validation.INT_MAX:
+            raise InvalidJobError(
+                f"extra_attempts: job {pk} has used {row.attempts} attempts; at most "
+                f"{validation.INT_MAX - row.attempts} more fit its max_attempts column."
+            )
         upstream = jobs.filter(downstream_edges__job_id=pk)
         bad = upstream.filter(state__in=(Job.State.DEAD, Job.State.CANCELLED)).first()
         if bad is not None:
@@ -155,7 +154,7 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
         row.refresh_from_db(using=dialect.using)
         return row
 
-    return _in_transaction(dialect, txn)
+    return dialect.run_in_caller_transaction(txn)
 
 
 @contextmanager
@@ -203,5 +202,5 @@ def seal(box: Job) -> None:
         if workflows.count_open_children(dialect, int(box.pk)) == 0:
             workflows.roll_up(dialect, int(box.pk), finished=0)
 
-    _in_transaction(dialect, txn)
+    dialect.run_in_caller_transaction(txn)
     box.sealed = True

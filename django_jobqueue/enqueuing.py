@@ -112,7 +112,7 @@ def _build(
     registry.get(type)  # raises UnknownHandlerError
     job = new_job(
         type=type,
-        args=validation.check_args(type, args),
+        args=validation.check_args(type, args, settings.max_args_bytes),
         group_key=validation.check_label("group", group, 200, allow_empty=True),
         weight=validation.check_positive_int("weight", weight),
         priority=validation.check_int("priority", priority),
@@ -168,7 +168,13 @@ def _write(
         job.run_after = DbNow() + delay
     if not upstream_ids and parent_id is None and job.unique_key is None:
         job.state = runnable
-        job.save(using=using, force_insert=True)  # one INSERT, in autocommit or not
+        if connections[using].in_atomic_block:
+            # Every check ran before, but a database can still refuse a row (a server limit
+            # lower than ours): the savepoint keeps the caller's transaction usable then.
+            with transaction.atomic(using=using):
+                job.save(using=using, force_insert=True)
+        else:
+            job.save(using=using, force_insert=True)  # one INSERT in autocommit
     else:
 
         def txn() -> Job | None:
@@ -197,18 +203,11 @@ def _write(
                 job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
             return None
 
-        if connections[using].in_atomic_block:
-            # Not savepoint=False: when the locked check raises (a missing or unusable
-            # upstream or parent), the savepoint keeps the caller's open transaction usable
-            # instead of marking it for rollback.
-            with transaction.atomic(using=using):
-                existing = txn()
-        else:
-            # Fix: the rows locked here (upstream jobs, the parent) are locked by workers too,
-            # in other orders (a finishing job, then its downstream, then its container), so
-            # the database may break a deadlock by failing this transaction: in its own
-            # transaction it is retried whole, as the workers' transactions are.
-            existing = get_dialect(using).run_in_transaction(txn)
+        # In the caller's transaction: a savepoint, so that a missing or unusable upstream or
+        # parent (the locked check raises) leaves that transaction usable. Fix: in its own
+        # transaction, it is retried whole when the database breaks a deadlock (the rows
+        # locked here are locked by workers too, in other orders).
+        existing = get_dialect(using).run_in_caller_transaction(txn)
         if existing is not None:
             return existing
     if isinstance(delay, dt.timedelta):
@@ -292,10 +291,18 @@ def create_container(
             f"container() cannot run inside a transaction on database {other!r} while the "
             f"queue lives on {using!r}: open the transaction on {using!r} instead."
         )
-    with transaction.atomic(using=using):  # a savepoint: a bad parent leaves the caller's
-        _check_refs(using, [], parent_id, lock=True)  # transaction usable
+
+    def txn() -> None:
+        # Fix: this ran in a plain atomic block (DEFERRED on SQLite: "database is locked"
+        # under load) and was not retried on a deadlock, unlike every other write; in the
+        # caller's transaction it is a savepoint, so a bad parent leaves that usable.
+        box.pk = None
+        box._state.adding = True
+        _check_refs(using, [], parent_id, lock=True)
         box.parent_id = parent_id
         box.save(using=using, force_insert=True)
+
+    get_dialect(using).run_in_caller_transaction(txn)
     return box
 
 
@@ -392,6 +399,10 @@ def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:
                 )
             ids.append(ref.pk)
         elif isinstance(ref, int) and not isinstance(ref, bool):
+            if not 1 <= ref <= validation.ID_MAX:
+                raise InvalidDependencyError(
+                    f"{what}: job {ref} does not exist (job ids are from 1 to {validation.ID_MAX})."
+                )
             ids.append(ref)
         elif isinstance(ref, Model):
             raise InvalidDependencyError(f"{what} must be jobs, not {type(ref).__name__}.")

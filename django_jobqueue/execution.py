@@ -14,11 +14,10 @@ import json
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import leases, registry, wake
+from . import leases, registry, validation, wake
 from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
@@ -115,17 +114,6 @@ class Outcome:
         return self.error is None
 
 
-def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
-    """Describe `exc` for Job.last_error: class path, message, traceback, attempt."""
-    cls = type(exc)
-    return {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)) if with_traceback else "",
-        "attempt": attempt,
-    }
-
-
 def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
     """Run `flight`'s handler in this thread; return its outcome, or None if it was settled.
 
@@ -146,12 +134,14 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             result = _call(dialect, conf, flight)
         finally:
             flight.leave_handler()
-        try:
-            text = None if result is None else json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ResultNotStored(
-                f"the result of job {job.pk} is not JSON-serializable: {exc}"
-            ) from exc
+        text = None
+        if result is not None:
+            # The checks enqueue() makes of args: a result no database would take (or none
+            # could take back equal) is the same on every run, so it is never retried.
+            problem = validation.json_problem(result, "the result", conf.max_result_bytes)
+            if problem:
+                raise ResultNotStored(f"job {job.pk} cannot store its result: {problem}")
+            text = json.dumps(result)
     except JobTimeout as exc:
         # Raised into this thread by the dispatcher, which settled the attempt already; or by
         # an async handler timing itself out, in which case this records it.

@@ -24,7 +24,7 @@ from .enqueuing import (
     runnable_state,
     waits_for,
 )
-from .exceptions import InvalidDependencyError
+from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
 
 
@@ -68,7 +68,10 @@ class Graph:
     ) -> Job:
         """Add a job; see `enqueue` for the arguments (run_after takes a datetime here)."""
         if isinstance(run_after, dt.timedelta):
-            raise InvalidDependencyError("Graph.add() takes run_after as a datetime.")
+            raise InvalidJobError(
+                "Graph.add() takes run_after as a datetime: the jobs of a graph are written "
+                "together, so compute the time once (timezone.now() + delay)."
+            )
         job, _ = _build(
             type, args, group=group, weight=weight, priority=priority, queue=queue,
             run_after=run_after, max_attempts=max_attempts, timeout=timeout,
@@ -186,13 +189,10 @@ class Graph:
             for queue in {n.job.queue for n in self._nodes}:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
 
-        if connections[using].in_atomic_block:
-            with transaction.atomic(using=using):  # a savepoint: a bad reference leaves the
-                txn()  # caller's transaction usable
-        else:
-            # Fix: the existing rows it locks are locked by workers too, in other orders, so
-            # the database may fail this transaction to break a deadlock: retry it whole.
-            get_dialect(using).run_in_transaction(txn)
+        # A savepoint in the caller's transaction (a bad reference leaves it usable); in its
+        # own, retried whole (fix: workers lock the same rows in other orders, so the database
+        # may fail it to break a deadlock).
+        get_dialect(using).run_in_caller_transaction(txn)
         self.saved = True
         return [n.job for n in self._nodes]
 
@@ -268,12 +268,81 @@ def graph() -> Iterator[Graph]:
     builder.save()
 
 
+# The keyword arguments a spec of enqueue_many() may give (enqueue()'s, but parent and
+# depends_on, which name existing jobs: the graph builder takes them too).
+_SPEC_KEYS = frozenset(
+    ["type", "args", "depends_on", "parent", "group", "weight", "priority", "queue",
+     "run_after", "max_attempts", "timeout", "unique_key"]
+)  # fmt: skip
+
+
 def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -> list[Job]:
-    """Enqueue independent jobs with bulk INSERTs; each spec is (type, args) or enqueue kwargs."""
+    """Enqueue jobs with bulk INSERTs; each spec is (type, args) or enqueue()'s keyword arguments.
+
+    Every spec is checked before anything is written, and all are written in one transaction
+    (the caller's, when one is open on the queue database). A spec with `unique_key` is
+    written as enqueue() writes it: where an unfinished job holds the key, that job takes its
+    place in the returned list.
+    """
+    if isinstance(specs, str | bytes | dict) or not isinstance(specs, Iterable):
+        raise InvalidJobError(f"enqueue_many() takes a list of specs, not {specs!r}.")
+    parsed = [_spec(i, spec) for i, spec in enumerate(specs)]
     builder = Graph()
-    for spec in specs:
-        if isinstance(spec, tuple):
-            builder.add(*spec)
+    plain: list[Job | None] = []
+    for kwargs in parsed:
+        if kwargs.get("unique_key") is None:
+            kwargs.pop("unique_key", None)
+            plain.append(builder.add(**kwargs))
         else:
-            builder.add(**spec)
-    return builder.save()
+            _build(**{k: v for k, v in kwargs.items() if k not in ("depends_on", "parent")},
+                   **_defaults(kwargs), settings=builder.settings)  # fmt: skip
+            plain.append(None)
+    if all(job is not None for job in plain):
+        return builder.save()
+    from .enqueuing import enqueue
+
+    def write() -> list[Job]:
+        builder.saved = False
+        builder.save()
+        return [
+            job if job is not None else enqueue(**kwargs)
+            for job, kwargs in zip(plain, parsed, strict=True)
+        ]
+
+    return get_dialect(builder.using).run_in_caller_transaction(write)
+
+
+def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options _build() needs that a spec may leave out, at enqueue()'s defaults."""
+    return {
+        name: default
+        for name, default in {
+            "group": "", "weight": 1, "priority": 0, "queue": None, "run_after": None,
+            "max_attempts": None, "timeout": None,
+        }.items()
+        if name not in kwargs
+    }  # fmt: skip
+
+
+def _spec(index: int, spec: Any) -> dict[str, Any]:
+    """Return the keyword arguments of spec number `index`, or raise InvalidJobError."""
+    if isinstance(spec, tuple):
+        if not 1 <= len(spec) <= 2:
+            raise InvalidJobError(
+                f"enqueue_many() spec {index}: a tuple is (type, args), not {len(spec)} items."
+            )
+        return {"type": spec[0], "args": spec[1] if len(spec) == 2 else None}
+    if isinstance(spec, dict):
+        unknown = sorted(str(k) for k in spec if k not in _SPEC_KEYS)
+        if unknown:
+            raise InvalidJobError(
+                f"enqueue_many() spec {index}: unknown option(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_SPEC_KEYS))}."
+            )
+        if "type" not in spec:
+            raise InvalidJobError(f"enqueue_many() spec {index} has no 'type'.")
+        return dict(spec)
+    raise InvalidJobError(
+        f"enqueue_many() spec {index} must be a (type, args) tuple or a dict of enqueue() "
+        f"options, not {type(spec).__name__}."
+    )

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import workflows
+from . import registry, workflows
 from .claimed import ClaimedJob
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
 from .dialects.functions import DbNow
+from .error_records import with_error
 from .models import Job, JobQuerySet
 
 if TYPE_CHECKING:
@@ -86,20 +87,23 @@ def claim(
     database has it.
     """
 
-    ready = _ready(dialect.using, tuple(queues))
+    # Only the types this process has handlers for: a job of another release's handler waits
+    # for a worker that has it, instead of dying here (rolling deploys).
+    shape = (tuple(queues), registry.allowlist())
+    ready = _ready(dialect.using, *shape)
     dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
     if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
         # One statement, its own transaction: no BEGIN and COMMIT round trips.
         return dialect.run_statement(
             lambda: dialect.claim_ready(
-                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         )
 
     def txn() -> list[ClaimedJob]:
         if scheduler is None or not scheduler.needs_planning(ready):
             return dialect.claim_ready(
-                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         rows = scheduler.select(dialect, ready, limit, dynamic)
         return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
@@ -108,9 +112,9 @@ def claim(
 
 
 @functools.lru_cache(maxsize=64)
-def _ready(using: str, queues: tuple[str, ...]) -> JobQuerySet:
+def _ready(using: str, queues: tuple[str, ...], types: tuple[str, ...]) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
-    return Job.objects.using(using).ready().in_queues(queues)
+    return Job.objects.using(using).ready().in_queues(queues).filter(type__in=types)
 
 
 def finish_many(
@@ -196,7 +200,7 @@ def fail(
         if row is None:
             return BUSY if _held_elsewhere(dialect, lease) else None
         history, cancel_requested, has_dependents = row
-        errors = [*(history or []), error]
+        errors = with_error(history, error)
         if cancel_requested or dead:
             state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
             jobs.filter(lease.q()).update(

@@ -253,6 +253,7 @@ class Worker(models.Model):
     lease_ttl = models.FloatField(_("lease TTL (seconds)"), default=30.0)
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True)  # heartbeat + TTL
     job_ids = models.JSONField(_("jobs held"), default=list, blank=True)
+    handlers = models.JSONField(_("handlers"), default=list, blank=True)  # the types it claims
 
     class Meta:
         verbose_name = _("worker")
@@ -270,6 +271,20 @@ class ConcurrencyLimit(models.Model):
     class Meta:
         verbose_name = _("concurrency limit")
         verbose_name_plural = _("concurrency limits")
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Effect(models.Model):
+    """An effect a handler committed, by key: what record_effect() checks before doing it again."""
+
+    key = models.CharField(_("key"), max_length=255, unique=True)
+    created_at = models.DateTimeField(_("recorded"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("effect")
+        verbose_name_plural = _("effects")
 
     def __str__(self) -> str:
         return self.key

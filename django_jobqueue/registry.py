@@ -27,6 +27,7 @@ class Handler:
 
 
 _handlers: dict[str, Handler] = {}
+_allowlist: tuple[str, ...] | None = None  # sorted keys, rebuilt after a change
 
 
 def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
@@ -44,6 +45,7 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
             raise HandlerRegistrationError(
                 f"Handler key {key!r} is already registered to {_qualname(existing.func)}."
             )
+        _changed()
         _handlers[key] = Handler(
             key=key,
             func=func,
@@ -71,9 +73,27 @@ def keys() -> list[str]:
     return sorted(_handlers)
 
 
+def allowlist() -> tuple[str, ...]:
+    """Return the registered keys, sorted, as a tuple kept until the registry changes.
+
+    A worker claims only jobs of these types: a job whose handler this process lacks (a newer
+    release's, during a rolling deploy) is left for a worker that has it.
+    """
+    global _allowlist
+    if _allowlist is None:
+        _allowlist = tuple(sorted(_handlers))
+    return _allowlist
+
+
 def unregister(key: str) -> None:
     """Forget the handler under `key` (for tests)."""
+    _changed()
     _handlers.pop(key, None)
+
+
+def _changed() -> None:
+    global _allowlist
+    _allowlist = None
 
 
 def _qualname(func: Callable[..., Any]) -> str:

@@ -8,17 +8,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from .exceptions import InvalidArgumentsError, InvalidJobError
 
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+ID_MAX = 2**63 - 1  # job ids are 64-bit
+# run_after must lie in this range (UTC): every database stores it, and a date near the ends
+# of Python's range cannot overflow when converted between time zones.
+RUN_AFTER_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+RUN_AFTER_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+# A relative run_after (a timedelta) may reach this far from now, either way.
+DELAY_MAX = dt.timedelta(days=36525)
 
 
-def check_args(key: str, args: Any) -> dict[str, Any]:
-    """Return `args` as a dict after checking it is a JSON object of JSON values."""
+def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, Any]:
+    """Return `args` as a dict after checking it is a JSON object of JSON values that fits."""
     if args is None or (type(args) is dict and not args):
         return {}
     if not isinstance(args, Mapping):
@@ -31,10 +37,32 @@ def check_args(key: str, args: Any) -> dict[str, Any]:
                 f"Arguments for {key!r}: key {name!r} is not a string; handlers are called "
                 "with **args."
             )
-    problem = _first_unserializable(dict(args), "args")
+    value = dict(args)
+    problem = json_problem(value, "args", max_bytes)
     if problem:
-        raise InvalidArgumentsError(f"Arguments for {key!r} are not JSON-serializable: {problem}.")
-    return dict(args)
+        raise InvalidArgumentsError(f"Arguments for {key!r} cannot be stored: {problem}.")
+    return value
+
+
+def json_problem(value: Any, path: str, max_bytes: int | None = None) -> str | None:
+    """Why `value` cannot be stored in a JSON column (and read back equal), or None.
+
+    Checks what every database refuses (NUL, lone surrogates, NaN), what json.dumps refuses
+    (other types, integers over Python's 4,300-digit conversion limit, cycles, nesting too
+    deep to walk) and, with `max_bytes`, the size of the JSON text.
+    """
+    try:
+        problem = _first_unserializable(value, path)
+        if problem:
+            return problem
+        text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        return f"{path} is nested too deeply (or refers to itself)"
+    except (TypeError, ValueError) as exc:
+        return f"{path} is not JSON-serializable ({exc})"
+    if max_bytes is not None and len(text) > max_bytes:  # ASCII: one byte a character
+        return f"{path} is {len(text):,} bytes as JSON, over the limit of {max_bytes:,}"
+    return None
 
 
 def _text_problem(text: str) -> str | None:
@@ -52,8 +80,11 @@ def _first_unserializable(value: Any, path: str) -> str | None:
     if isinstance(value, str):
         problem = _text_problem(value)
         return f"{path} {problem}" if problem else None
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        # json.dumps would raise ValueError past sys.get_int_max_str_digits() (4,300 digits).
+        return f"{path} is an integer too long to store" if value.bit_length() > 14_000 else None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r} (not valid JSON)"
     if isinstance(value, list | tuple):
@@ -122,11 +153,27 @@ def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = F
 
 
 def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
-    """Return `value` if it is None, a timedelta, or a datetime that fits USE_TZ."""
-    if value is None or isinstance(value, dt.timedelta):
+    """Return `value` if it is None, a timedelta within DELAY_MAX, or an aware datetime in range."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        if abs(value) > DELAY_MAX:
+            raise InvalidJobError(
+                f"run_after as a timedelta must be within {DELAY_MAX.days} days of now, "
+                f"not {value!r}."
+            )
         return value
     if not isinstance(value, dt.datetime):
         raise InvalidJobError(f"run_after must be a datetime or a timedelta, not {value!r}.")
-    if settings.USE_TZ and timezone.is_naive(value):
-        raise InvalidJobError("run_after must be timezone-aware when USE_TZ is True.")
+    if timezone.is_naive(value):
+        raise InvalidJobError("run_after must be a timezone-aware datetime.")
+    try:
+        in_range = RUN_AFTER_MIN <= value < RUN_AFTER_MAX
+    except OverflowError:  # an offset that pushes it past Python's own range
+        in_range = False
+    if not in_range:
+        raise InvalidJobError(
+            f"run_after must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
+            f"{RUN_AFTER_MAX:%Y-%m-%d} (UTC), not {value.isoformat()}."
+        )
     return value

@@ -1,4 +1,4 @@
-"""System checks: E001 (settings), E002 (MySQL/MariaDB version), W001/W002 (SQLite modes), W003.
+"""System checks: E001 (settings), E002 (MySQL/MariaDB version), W001/W002 (SQLite modes), E003.
 
 The SQLite warnings are checked on every run, whatever DATABASE_URL names: the queue database
 is pointed (JOBQUEUE['DATABASE']) at an extra SQLite alias created for the test.
@@ -31,7 +31,7 @@ def ids(messages: list[Any]) -> list[str]:
     return [m.id for m in messages]
 
 
-# --- E001 / W003 -----------------------------------------------------------------------------
+# --- E001 / E003 -----------------------------------------------------------------------------
 
 
 def test_test_settings_pass() -> None:
@@ -78,11 +78,12 @@ def test_bad_settings_do_not_crash_the_database_check() -> None:
         assert checks.check_database(databases=["default"]) == []
 
 
-def test_w003_without_use_tz() -> None:
+def test_e003_refuses_naive_datetimes() -> None:
     with override_settings(USE_TZ=False):
         messages = checks.check_settings()
-    assert ids(messages) == ["django_jobqueue.W003"]
-    assert messages[0].level == django_checks.WARNING
+    assert ids(messages) == ["django_jobqueue.E003"]
+    assert messages[0].level == django_checks.ERROR
+    assert "daylight-saving" in messages[0].msg
 
 
 # --- W001 / W002: SQLite journal and transaction modes ---------------------------------------

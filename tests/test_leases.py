@@ -255,7 +255,7 @@ def test_failed_attempt_is_retried_after_a_backoff_by_the_database_clock(dialect
     flight = InFlight(job=claimed, lease=lease, claimed=0.0)
     settings = jobqueue_conf(retry_backoff=10.0, retry_backoff_max=100.0)
     outcome = Outcome(flight, error=RuntimeError("nope"))
-    from django_jobqueue.execution import error_info
+    from django_jobqueue.error_records import error_info
 
     plan = failure_plan(outcome, settings)
     assert leases.fail(dialect, lease, error_info(outcome.error, 1), **plan) == "scheduled"

@@ -408,9 +408,10 @@ def test_bad_input_in_a_real_transaction_then_commit() -> None:
 
 
 @pytest.mark.django_db
-def test_naive_run_after_is_fine_without_use_tz() -> None:
-    with override_settings(USE_TZ=False):
-        assert validation.check_run_after(dt.datetime(2030, 1, 1)) == dt.datetime(2030, 1, 1)
+def test_naive_run_after_is_refused_even_without_use_tz() -> None:
+    """USE_TZ = False is refused by check E003; a naive time would be read in UTC anyway."""
+    with override_settings(USE_TZ=False), pytest.raises(InvalidJobError, match="aware"):
+        validation.check_run_after(dt.datetime(2030, 1, 1))
 
 
 def test_unknown_handler_message_says_how_to_register() -> None:

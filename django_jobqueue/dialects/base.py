@@ -162,6 +162,18 @@ class Dialect:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
+    def run_in_caller_transaction(self, func: Callable[[], T]) -> T:
+        """Run `func` in a savepoint of the caller's open transaction, else as run_in_transaction.
+
+        The savepoint keeps the caller's transaction usable when `func` raises. In its own
+        transaction `func` is retried whole on deadlocks and busy errors (workers lock the same
+        rows in other orders), and on SQLite it starts with BEGIN IMMEDIATE.
+        """
+        if self.connection.in_atomic_block:
+            with transaction.atomic(using=self.using):
+                return func()
+        return self.run_in_transaction(func)
+
     @property
     def autocommit_statements(self) -> bool:
         """Whether the claim (without planning) and the finish of simple jobs may run as

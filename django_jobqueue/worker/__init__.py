@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import secrets
 import signal
@@ -63,6 +64,27 @@ class WorkerOptions:
     prefetch: int | None = None
 
 
+def _check_options(opts: WorkerOptions) -> None:
+    """Raise ValueError for options no worker can run with (the command reports it)."""
+    if opts.concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    for name in ("poll_interval", "lease_ttl", "heartbeat_interval"):
+        value = getattr(opts, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite positive number, not {value!r}")
+    if opts.shutdown_timeout is not None and not (
+        math.isfinite(opts.shutdown_timeout) and opts.shutdown_timeout >= 0
+    ):
+        raise ValueError(
+            f"shutdown_timeout must be a finite number >= 0, not {opts.shutdown_timeout!r}"
+        )
+    if opts.worker_id is not None and not 1 <= len(opts.worker_id) <= 255:
+        raise ValueError("worker id must be 1 to 255 characters (its column's size)")
+    for queue in opts.queues:
+        if not 1 <= len(queue) <= 100:
+            raise ValueError(f"queue names are 1 to 100 characters, not {queue!r}")
+
+
 def default_worker_id() -> str:
     """Return host:pid:random, unique per process."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -74,8 +96,7 @@ class JobWorker:
     def __init__(self, options: WorkerOptions | None = None) -> None:
         self.conf = conf = conf_module.get()
         opts = options or WorkerOptions()
-        if opts.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        _check_options(opts)
         self.concurrency = opts.concurrency
         self.queues = list(opts.queues)
         self.poll_interval = opts.poll_interval or conf.poll_interval

@@ -23,8 +23,9 @@ from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingE
 from .. import leases
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
+from ..error_records import error_info
 from ..exceptions import ResultNotStored
-from ..execution import Outcome, error_info, failure_plan, log_outcome
+from ..execution import Outcome, failure_plan, log_outcome
 from ..execution import logger as execution_logger
 from .duty import Duty
 from .flights import Flights

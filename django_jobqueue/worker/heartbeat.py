@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 
+from .. import registry
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
@@ -129,6 +130,7 @@ class Heartbeat(Duty):
                 "heartbeat_at": DbNow(),
                 "expires_at": DbNow() + seconds(self.lease_ttl),
                 "job_ids": job_ids or [],
+                "handlers": list(registry.allowlist()),
             }
             WorkerRow.objects.using(self.dialect.using).update_or_create(
                 pk=self.worker_id,

@@ -25,6 +25,7 @@ from .. import workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
+from ..error_records import with_error
 from ..leases import backoff_seconds
 from ..models import Job, Worker
 from .duty import Duty
@@ -93,7 +94,9 @@ def reclaim_expired(
             if cancel or attempts >= max_attempts:
                 state = Job.State.CANCELLED if cancel else Job.State.DEAD
                 jobs.filter(pk=pk).update(
-                    **workflows.terminal_values(state, last_error=error, errors=[*errors, error])
+                    **workflows.terminal_values(
+                        state, last_error=error, errors=with_error(errors, error)
+                    )
                 )
                 workflows.on_terminal(dialect, pk, state, parent_id, has_dependents=deps)
             else:
@@ -105,7 +108,7 @@ def reclaim_expired(
                     lease_owner=None,
                     lease_expires=None,
                     last_error=error,
-                    errors=[*errors, error],
+                    errors=with_error(errors, error),
                     updated_at=DbNow(),
                 )
             moved.append((pk, str(state)))

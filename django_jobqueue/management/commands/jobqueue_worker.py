@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from typing import Any
 
@@ -19,18 +20,30 @@ def _positive(kind: type) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
         return value
 
     return parse
 
 
 def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative (and finite)")
     return value
+
+
+def _worker_id(text: str) -> str:
+    # Stored in Worker.id and Job.lease_owner, both 255 characters.
+    if not 1 <= len(text) <= 255:
+        raise argparse.ArgumentTypeError("must be 1 to 255 characters")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError("must not contain a NUL character")
+    return text
 
 
 def _non_negative_int(text: str) -> int:
@@ -115,6 +128,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--worker-id",
+            type=_worker_id,
             metavar="NAME",
             help="This worker's lease owner name (default: host:pid:random).",
         )
