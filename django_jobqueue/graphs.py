@@ -294,8 +294,11 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
             kwargs.pop("unique_key", None)
             plain.append(builder.add(**kwargs))
         else:
-            _build(**{k: v for k, v in kwargs.items() if k not in ("depends_on", "parent")},
-                   **_defaults(kwargs), settings=builder.settings)  # fmt: skip
+            options = {
+                k: v for k, v in kwargs.items() if k not in ("type", "args", "depends_on", "parent")
+            }
+            _build(kwargs["type"], kwargs.get("args"), **options, **_defaults(kwargs),
+                   settings=builder.settings)  # fmt: skip
             plain.append(None)
     if all(job is not None for job in plain):
         return builder.save()

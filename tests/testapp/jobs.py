@@ -111,3 +111,23 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
 
 
 from . import workflow_jobs  # noqa: E402, F401 - registers the workflow handlers
+
+
+@jobqueue.handler("test.unstorable_result")
+def unstorable_result(kind: str = "nul") -> object:
+    """A JSON result that no database stores as it is (or one over the size limit)."""
+    return {"nul": "a\x00b", "surrogate": "a\ud800b", "big": "x" * 2_000_000}[kind]
+
+
+@jobqueue.handler("test.nasty_error")
+def nasty_error() -> None:
+    """Fail with a message no database stores as it is, and far too long."""
+    raise RuntimeError("bad\x00byte \udc80 " + "y" * 100_000)
+
+
+if os.environ.get("JOBQUEUE_TEST_NEW_RELEASE"):
+    # A handler that only the "new release" of a rolling deploy has.
+
+    @jobqueue.handler("test.new_release")
+    def new_release() -> str:
+        return "new"
