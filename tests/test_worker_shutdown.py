@@ -152,3 +152,21 @@ def test_worker_whose_row_was_deleted_registers_again(start_worker):
     again = poll(worker.row, timeout=30)
     assert again.id == row.id
     assert worker.stop() == 0
+
+
+def test_a_result_being_handed_over_at_the_deadline_is_recorded(start_worker, tmp_path):
+    """--shutdown-timeout 0: a handler that has returned is not released, its result is kept.
+
+    Fix: the drain released every attempt not settled yet, including one whose handler had
+    returned and whose thread was checking the result; the job then ran a second time.
+    """
+    marker = tmp_path / "returning"
+    worker = start_worker("--shutdown-timeout", "0", "--poll-interval", "0.05")
+    worker.wait_registered()
+    job = jobqueue.enqueue("test.slow_to_check", {"marker": str(marker)})
+    poll(marker.exists, timeout=60, interval=0.002)
+    assert worker.stop() == 0
+    done = Job.objects.get(pk=job.pk)
+    assert done.state == Job.State.DONE, worker.output()
+    assert done.attempts == 1
+    assert len(done.result) == 340_000

@@ -64,6 +64,11 @@ class WorkerOptions:
     prefetch: int | None = None
 
 
+# Seconds a shutdown waits, past its deadline, for threads whose handler has returned to hand
+# over their outcome.
+RETURNED_GRACE = 2.0
+
+
 def _check_options(opts: WorkerOptions) -> None:
     """Raise ValueError for options no worker can run with (the command reports it)."""
     if opts.concurrency < 1:
@@ -282,6 +287,15 @@ class JobWorker:
         while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
             dispatcher.reap()
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        # Fix: at the deadline (at once with --shutdown-timeout 0) an attempt whose handler had
+        # just returned was released before its thread could settle it, so a finished job ran
+        # again. Such threads settle within moments (they only check the result): wait.
+        grace = time.monotonic() + RETURNED_GRACE
+        while time.monotonic() < grace and any(
+            f.started is not None and not f.in_handler and not f.settled
+            for f in self.flights.snapshot()
+        ):
+            time.sleep(0.005)
         release = [f for f in self.flights.snapshot() if f.settle()]
         completer.flush(max(5.0, deadline - time.monotonic()))
         self._release(release)

@@ -131,3 +131,10 @@ if os.environ.get("JOBQUEUE_TEST_NEW_RELEASE"):
     @jobqueue.handler("test.new_release")
     def new_release() -> str:
         return "new"
+
+
+@jobqueue.handler("test.slow_to_check")
+def slow_to_check(marker: str) -> list[int]:
+    """Return a result that takes the worker a while to check, after saying it returns."""
+    Path(marker).write_text("returning")
+    return [0] * 340_000
