@@ -97,13 +97,16 @@ def test_job_whose_row_an_application_holds_locked_for_three_ttls_runs_once(star
 
 def test_job_that_finishes_while_its_row_is_held_is_recorded_after(start_worker):
     """The handler returns while the row is locked: the outcome waits (no handler rerun)."""
-    job = jobqueue.enqueue("test.record", {"sleep": 1, "value": "once"}, max_attempts=3)
+    # The handler must still run when the lock is taken (after the rescuer has started, which
+    # takes seconds on a loaded machine) and return while it is held.
+    job = jobqueue.enqueue("test.record", {"sleep": HOLD - 1, "value": "once"}, max_attempts=3)
     owner = start_worker(*SHORT_LEASE)
     wait_for_job(job.pk, Job.State.RUNNING)
     rescuer = start_worker(*SHORT_LEASE)
     rescuer.wait_registered()
     with holding(lambda: lock_job_row(job.pk), HOLD):
-        if not SQLITE:  # on SQLite the handler's own write waits for the lock too
+        if not SQLITE:
+            assert not RunRecord.objects.filter(job_id=job.pk).exists(), "returned too early"  # on SQLite the handler's own write waits for the lock too
             poll(lambda: RunRecord.objects.filter(job_id=job.pk).exists(), timeout=30)
             assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING
     assert_ran_once(job.pk, owner, rescuer)
