@@ -107,7 +107,7 @@ def _first_unserializable(value: Any, path: str) -> str | None:
     try:  # anything else (a subclass of a JSON type, say) must survive json.dumps as it is
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
-        return f"{path} is a {type(value).__name__}"
+        return f"{path} is a {type(value).__name__}, which is not JSON-serializable"
     return None
 
 
