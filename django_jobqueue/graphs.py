@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import graphlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -226,22 +227,19 @@ class Graph:
             for level in waits_for(using, [parent_id]):
                 for up in level & wanted:
                     after[("old", parent_id)].add(("old", up))
-        indegree: dict[tuple[str, int], int] = dict.fromkeys(after, 0)
-        for targets in list(after.values()):
+        sorter: graphlib.TopologicalSorter[tuple[str, int]] = graphlib.TopologicalSorter()
+        for before, targets in after.items():
             for target in targets:
-                indegree[target] = indegree.get(target, 0) + 1
-        free = [k for k, n in indegree.items() if n == 0]
-        while free:
-            for target in after.get(free.pop(), ()):
-                indegree[target] -= 1
-                if indegree[target] == 0:
-                    free.append(target)
-        stuck = [n.job for n in self._nodes if indegree[("new", id(n.job))] > 0]
-        if stuck:
+                sorter.add(target, before)
+        try:
+            sorter.prepare()
+        except graphlib.CycleError as exc:
+            by_key = {("new", id(n.job)): n.job for n in self._nodes}
+            stuck = [by_key[k] for k in exc.args[1] if k in by_key]
             raise InvalidDependencyError(
                 f"{stuck[0]!r} would wait for a container it belongs to (a cycle through "
                 "depends_on and parent); a child cannot depend on its own container."
-            )
+            ) from None
 
     def _is_new(self, ref: JobRef | None) -> bool:
         return isinstance(ref, Job) and id(ref) in self._known

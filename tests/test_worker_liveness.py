@@ -105,8 +105,8 @@ def test_job_that_finishes_while_its_row_is_held_is_recorded_after(start_worker)
     rescuer = start_worker(*SHORT_LEASE)
     rescuer.wait_registered()
     with holding(lambda: lock_job_row(job.pk), HOLD):
-        if not SQLITE:
-            assert not RunRecord.objects.filter(job_id=job.pk).exists(), "returned too early"  # on SQLite the handler's own write waits for the lock too
+        if not SQLITE:  # on SQLite the handler's own write waits for the lock too
+            assert not RunRecord.objects.filter(job_id=job.pk).exists(), "returned too early"
             poll(lambda: RunRecord.objects.filter(job_id=job.pk).exists(), timeout=30)
             assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING
     assert_ran_once(job.pk, owner, rescuer)
