@@ -86,3 +86,8 @@ def __getattr__(name: str) -> Any:
     # No module of this package is named like a lazy name: importing a submodule sets the
     # package attribute of its name, which would shadow the function of that name.
     return getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    # The lazy names too, so that dir() and completion show the whole public API.
+    return sorted(set(globals()) | set(_LAZY))

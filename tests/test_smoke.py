@@ -16,3 +16,9 @@ def test_worker_runs_a_dag_in_burst_mode():
     c.refresh_from_db()
     assert c.state == Job.State.DONE, c.last_error
     assert c.result == 10
+
+
+def test_dir_lists_the_lazy_public_names() -> None:
+    import django_jobqueue
+
+    assert set(django_jobqueue.__all__) <= set(dir(django_jobqueue))
