@@ -120,18 +120,24 @@ class PostgreSQLDialect(Dialect):
         from ..models import Job
 
         found = self._insert_document(jobs)
-        if found is None or not jobs:
+        if found is None:
             return super().insert_jobs(jobs)
-        fields, document = found
         now, _ = self.compile(DbNow())
-        values = []
-        for n, field in enumerate(fields):
-            kind = field.get_internal_type()
-            if kind == "JSONField":
-                values.append(f"NULLIF(r->{n}, 'null'::jsonb)")
+        values, params = [], []
+        for n, field in enumerate(found.fields):
+            kind = (
+                "jsonb"
+                if field.get_internal_type() == "JSONField"
+                else field.db_type(self.connection)
+            )
+            if n in found.constants:
+                values.append(f"%s::{kind}")
+                params.append(found.constants[n])
+            elif kind == "jsonb":
+                values.append(f"NULLIF(r->{found.varying.index(n)}, 'null'::jsonb)")
             else:
-                values.append(f"(r->>{n})::{field.db_type(self.connection)}")
-        columns = [self.qn(str(f.column)) for f in fields]
+                values.append(f"(r->>{found.varying.index(n)})::{kind}")
+        columns = [self.qn(str(f.column)) for f in found.fields]
         sql = (
             f"INSERT INTO {self.qn(Job._meta.db_table)} "
             f"({', '.join(columns)}, created_at, updated_at) "
@@ -139,8 +145,9 @@ class PostgreSQLDialect(Dialect):
             "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n "
             "RETURNING id, created_at"
         )
+        document = found.document
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [document])
+            cursor.execute(sql, [*params, document])
             for job, (pk, created) in zip(jobs, cursor.fetchall(), strict=True):
                 job.pk = pk
                 job.created_at = job.updated_at = created

@@ -89,22 +89,28 @@ class SQLiteDialect(Dialect):
         from ..models import Job
 
         found = self._insert_document(jobs) if self.can_return_rows_from_update else None
-        if found is None or not jobs:
+        if found is None:
             return super().insert_jobs(jobs)
-        fields, document = found
         now, _ = self.compile(DbNow())
-        values = [f"json_extract(value, '$[{n}]')" for n in range(len(fields))]
-        columns = [self.qn(str(f.column)) for f in fields]
+        values, params = [], []
+        for n in range(len(found.fields)):
+            if n in found.constants:
+                values.append("%s")
+                params.append(found.constants[n])
+            else:
+                values.append(f"json_extract(value, '$[{found.varying.index(n)}]')")
+        columns = [self.qn(str(f.column)) for f in found.fields]
         sql = (
             f"INSERT INTO {self.qn(Job._meta.db_table)} "
             f"({', '.join(columns)}, created_at, updated_at) "
             f"SELECT {', '.join(values)}, {now}, {now} FROM json_each(%s) ORDER BY key "
             "RETURNING id, created_at"
         )
+        document = found.document
         created_at = Job._meta.get_field("created_at")
         converters = self.connection.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [document])
+            cursor.execute(sql, [*params, document])
             rows = cursor.fetchall()
         for job, (pk, created) in zip(jobs, rows, strict=True):
             for convert in converters:
