@@ -12,7 +12,7 @@ import pytest
 import django_jobqueue as jobqueue
 from django_jobqueue.management.commands.jobqueue_worker import Command
 from django_jobqueue.models import Job, Worker
-from tests.conftest import ROOT, assert_clean_log, wait_for_job
+from tests.conftest import ROOT, assert_clean_log, poll, wait_for_job
 
 TERMINAL = (Job.State.DONE, Job.State.DEAD)
 
@@ -169,3 +169,25 @@ def test_workers_starting_together_on_deferred_sqlite_never_see_database_is_lock
         assert worker.wait(120) == 0, worker.output()
         assert "database is locked" not in worker.output()
     assert Job.objects.filter(state="done").count() == 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reload_restarts_the_worker_when_code_changes(start_worker):
+    """--reload: Django's autoreloader restarts the worker process when a module changes."""
+    worker = start_worker("--reload", "--poll-interval", "0.05")
+    first = poll(lambda: Worker.objects.order_by("started_at").first(), timeout=60)
+    done = jobqueue.enqueue("test.add", {"a": 1, "b": 1})
+    assert wait_for_job(done.pk, *TERMINAL).state == Job.State.DONE
+    jobs_py = ROOT / "tests" / "testapp" / "jobs.py"
+    stat = jobs_py.stat()
+    later = stat.st_mtime + 5
+    os.utime(jobs_py, (later, later))
+    try:
+        second = poll(lambda: Worker.objects.exclude(pid=first.pid).first(), timeout=60)
+    finally:
+        os.utime(jobs_py, (stat.st_atime, stat.st_mtime))
+    assert second.pid != first.pid
+    after = jobqueue.enqueue("test.add", {"a": 2, "b": 2})
+    assert wait_for_job(after.pk, *TERMINAL).result == 4
+    assert worker.output().count(" starting: ") == 2
+    worker.kill()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import autoreload
 
 from django_jobqueue.exceptions import UnsupportedDatabaseError
 from django_jobqueue.worker import JobWorker, WorkerOptions
@@ -132,6 +134,12 @@ class Command(BaseCommand):
             metavar="NAME",
             help="This worker's lease owner name (default: host:pid:random).",
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Restart the worker when Python code changes, with Django's autoreloader "
+            "(as runserver does). For development: a restart does not wait for running jobs.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _ensure_logging(options["verbosity"])
@@ -149,11 +157,27 @@ class Command(BaseCommand):
         )
         try:
             worker = JobWorker(opts)
-            code = worker.run()
         except (ValueError, UnsupportedDatabaseError) as exc:
             raise CommandError(str(exc)) from exc
+        if options["reload"]:
+            # The reloader runs the worker in a thread of a child process and restarts that
+            # process when a module's file changes; signals stay with the reloader.
+            autoreload.run_with_reloader(self._run_reloaded, opts)
+            return
+        code = self._run(worker, install_signals=True)
         if code:
             sys.exit(code)
+
+    def _run(self, worker: JobWorker, *, install_signals: bool) -> int:
+        try:
+            return worker.run(install_signals=install_signals)
+        except (ValueError, UnsupportedDatabaseError) as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _run_reloaded(self, opts: WorkerOptions) -> None:
+        code = self._run(JobWorker(opts), install_signals=False)
+        if code:
+            os._exit(code)  # the reloader's main thread would not see sys.exit() here
 
 
 def _ensure_logging(verbosity: int) -> None:
