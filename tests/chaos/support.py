@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import signal
+import subprocess
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -128,7 +130,7 @@ class Supervisor:
     ) -> None:
         self.start_worker = start_worker
         self.args = args
-        self.workers = [start_worker(*args) for _ in range(size)]
+        self.workers = [self.start() for _ in range(size)]
         self.kills = 0
         self.restarts = 0
         self.killed: list[WorkerProcess] = []
@@ -140,19 +142,45 @@ class Supervisor:
         self.kills += 1
         self.killed.append(victim)
         self.workers.remove(victim)
-        self.workers.append(self.start_worker(*self.args))
+        self.workers.append(self.start())
         self.restarts += 1
 
-    def crashed(self) -> list[WorkerProcess]:
-        """Workers that exited without being killed (none may)."""
-        return [w for w in self.workers if not w.running()]
+    def start(self) -> WorkerProcess:
+        # SIGABRT makes a worker print every thread's stack (see stop_all).
+        return self.start_worker(*self.args, env={"PYTHONFAULTHANDLER": "1"})
 
-    def stop_all(self) -> list[int]:
-        """SIGTERM every worker still supervised; return their exit statuses."""
+    def assert_healthy(self) -> None:
+        """Fail at once if a worker exited unbidden or lost a thread to an exception."""
+        for worker in self.workers:
+            text = worker.output()
+            if not worker.running() or "Exception in thread" in text:
+                at = text.find("Exception in thread")
+                raise AssertionError(
+                    f"worker {worker.pid} (exit {worker.proc.returncode}) is broken:\n"
+                    + (text[at : at + 3000] if at >= 0 else text[-3000:])
+                )
+
+    def stop_all(self, timeout: float = 60.0) -> list[int]:
+        """SIGTERM every worker still supervised; return their exit statuses.
+
+        A worker still running after `timeout` seconds is stuck: it is made to print the stack
+        of each thread (SIGABRT with faulthandler on), and the test fails showing them.
+        """
         for worker in self.workers:
             if worker.running():
-                worker.signal(15)
-        return [worker.wait(120) for worker in self.workers]
+                worker.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            try:
+                worker.proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.signal(signal.SIGABRT)
+                worker.wait(30)
+                raise AssertionError(
+                    f"worker {worker.pid} did not stop within {timeout}s of SIGTERM; "
+                    f"its threads:\n{worker.output()[-12000:]}"
+                ) from None
+        return [worker.proc.returncode for worker in self.workers]
 
 
 # A heartbeat waits at most half its interval for a lock (so that the next beat is never late)
@@ -170,6 +198,20 @@ def log_trouble(text: str) -> tuple[list[str], int]:
         elif any(marker in line for marker in TROUBLE):
             trouble.append(line)
     return trouble, skipped
+
+
+def check_log(worker: WorkerProcess, tolerated: tuple[str, ...] = ()) -> int:
+    """Fail on trouble in `worker`'s log other than lines starting with `tolerated`; return
+    the count of skipped beats."""
+    text = worker.output()
+    trouble, skipped = log_trouble(text)
+    unexpected = [line for line in trouble if not line.startswith(tolerated)]
+    if unexpected:
+        at = text.index(unexpected[0])
+        raise AssertionError(
+            f"worker {worker.pid} logged {unexpected[0]!r}:\n{text[max(0, at - 400) : at + 2500]}"
+        )
+    return skipped
 
 
 def retrying[T](query: Callable[[], T], timeout: float = 120.0) -> T:
@@ -190,6 +232,16 @@ def unfinished(ids: list[int]) -> int:
     return Job.objects.filter(pk__in=ids).exclude(state__in=Job.TERMINAL_STATES).count()
 
 
+def describe_unfinished(ids: list[int], limit: int = 20) -> str:
+    """The rows of jobs `ids` that are not final yet, for a failure message."""
+    rows = (
+        Job.objects.filter(pk__in=ids)
+        .exclude(state__in=Job.TERMINAL_STATES)
+        .values_list("pk", "state", "attempts", "lease_owner", "last_error")[:limit]
+    )
+    return "\n".join(map(str, rows))
+
+
 @dataclasses.dataclass
 class Audit:
     """What a chaos run did to its jobs; `problems` must be empty."""
@@ -202,7 +254,7 @@ class Audit:
     problems: list[str]
 
 
-def audit(work: Workload) -> Audit:
+def audit(work: Workload, tolerated: tuple[str, ...] = ()) -> Audit:
     """Check every job of `work` against its expected end and its handler's run records.
 
     - lost: a job missing, not final, or final in another state than expected;
@@ -212,7 +264,7 @@ def audit(work: Workload) -> Audit:
       count no open children and end after all its children, and a job must start only after
       its upstream jobs (and every job inside an upstream container) finished;
     - every error is one the workload causes: a lease expiry of a killed worker, the
-      designed failures, or an upstream failure.
+      designed failures, or one of `tolerated`.
     """
     problems: list[str] = []
     ids = work.ids
@@ -249,7 +301,7 @@ def audit(work: Workload) -> Audit:
         for error in row["errors"] or []:
             if error["type"] == LEASE_EXPIRED:
                 reclaimed += 1
-            elif error["type"] not in (FAIL, FLAKY):
+            elif error["type"] not in (FAIL, FLAKY, *tolerated):
                 problems.append(f"job {pk}: unexpected error {error}")
         if row["is_container"]:
             continue

@@ -13,7 +13,7 @@ from django.db import connection
 
 from django_jobqueue.models import Job
 from tests.chaos.producer import expected_jobs
-from tests.chaos.support import env_int, log_trouble, unfinished
+from tests.chaos.support import check_log, env_int, unfinished
 from tests.conftest import ROOT, poll
 from tests.testapp.models import Order, RunRecord
 
@@ -59,9 +59,7 @@ def test_workers_and_a_producer_writing_at_once_never_see_database_is_locked(
 
     skipped_beats = 0
     for worker in workers:
-        trouble, skipped = log_trouble(worker.output())
-        assert not trouble, f"worker {worker.pid}:\n" + "\n".join(trouble[:20])
-        skipped_beats += skipped
+        skipped_beats += check_log(worker)
     # Every job produced committed, ran once and is done (containers included).
     assert Job.objects.filter(pk__in=ids).count() == len(ids)
     assert Job.objects.filter(pk__in=ids).exclude(state=Job.State.DONE).count() == 0
