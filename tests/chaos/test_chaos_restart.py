@@ -149,7 +149,6 @@ def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
         wait_until_ready()  # whatever happened, the server is up again for the next tests
     elapsed = time.monotonic() - started
     supervisor.assert_healthy()
-    assert supervisor.stop_all() == [0] * len(supervisor.workers)
     # A handler whose own write hit the outage failed its attempt, and was retried.
     result = audit(work, tolerated=HANDLER_OUTAGE)
     line = chaos_report(
@@ -166,6 +165,7 @@ def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
     )
     assert not result.problems, "\n".join([line, *result.problems[:30]])
     assert result.lost == 0
+    assert supervisor.stop_all() == [0] * len(supervisor.workers)
     reconnects = 0
     for worker in supervisor.workers:
         reconnects += sum(worker.output().count(marker) for marker in OUTAGE)
