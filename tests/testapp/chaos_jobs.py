@@ -6,6 +6,8 @@ import os
 import time
 from typing import Any
 
+from django.db import connection
+
 import django_jobqueue as jobqueue
 
 from .models import RunRecord
@@ -50,3 +52,23 @@ def chaos_step(
             for pk, value in ctx.upstream_results.items()
         },
     }
+
+
+@jobqueue.handler("chaos.cannot_connect_once", takes_context=True)
+def cannot_connect_once(ctx: jobqueue.JobContext) -> int:
+    """On the first attempt, fail to connect as during a server outage: the thread's connection
+    is closed and reopening it fails; the next attempt runs normally."""
+    if ctx.attempt == 1:
+        connection.close()
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise connection.Database.OperationalError(2002, "Can't connect (chaos)")
+
+        connection.get_new_connection = refuse  # type: ignore[method-assign]
+        try:
+            connection.ensure_connection()
+        finally:
+            del connection.get_new_connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return ctx.attempt
