@@ -69,36 +69,36 @@ def build_workload(rnd: random.Random, independent: int, boxes: int, per_box: in
         return {"n": n, "sleep": round(rnd.uniform(0.002, 0.03), 3), **extra}
 
     with jobqueue.graph() as g:
-        root = g.add("chaos.step", args(0), max_attempts=MAX_ATTEMPTS)
+
+        def step(n: int, fail: bool = False, **options: Any) -> Job:
+            return g.add("chaos.step", args(n, fail=fail), max_attempts=MAX_ATTEMPTS, **options)
+
+        root = step(0)
         afters = []
         outcomes: list[tuple[Job, str]] = [(root, done)]
         for b in range(boxes):
             box = g.container(f"chaos-box-{b}")
             outcomes.append((box, done))
-            for i in range(per_box):
-                kid = g.add("chaos.step", args(i), parent=box, depends_on=[root],
-                            max_attempts=MAX_ATTEMPTS)  # fmt: skip
-                outcomes.append((kid, done))
+            outcomes += [(step(i, parent=box, depends_on=[root]), done) for i in range(per_box)]
             inner = g.container(f"chaos-box-{b}-inner", parent=box)
             outcomes.append((inner, done))
-            for i in range(3):
-                kid = g.add("chaos.step", args(i), parent=inner, max_attempts=MAX_ATTEMPTS)
-                outcomes.append((kid, done))
-            after = g.add("chaos.step", args(b), depends_on=[box], max_attempts=MAX_ATTEMPTS)
-            outcomes.append((after, done))
-            afters.append(after)
-        outcomes.append((g.add("chaos.step", args(-1), depends_on=afters), done))
+            outcomes += [(step(i, parent=inner), done) for i in range(3)]
+            afters.append(step(b, depends_on=[box]))
+            outcomes.append((afters[-1], done))
+        outcomes.append((step(-1, depends_on=afters), done))
         # The branch that fails for good.
-        bad = g.add("chaos.step", args(1, fail=True), max_attempts=MAX_ATTEMPTS)
-        below = g.add("chaos.step", args(2), depends_on=[bad], max_attempts=MAX_ATTEMPTS)
-        further = g.add("chaos.step", args(3), depends_on=[below], max_attempts=MAX_ATTEMPTS)
+        bad = step(1, fail=True)
+        below = step(2, depends_on=[bad])
         bad_box = g.container("chaos-bad-box")
-        bad_kid = g.add("chaos.step", args(4, fail=True), parent=bad_box,
-                        max_attempts=MAX_ATTEMPTS)  # fmt: skip
-        good_kid = g.add("chaos.step", args(5), parent=bad_box, max_attempts=MAX_ATTEMPTS)
-        after_bad = g.add("chaos.step", args(6), depends_on=[bad_box], max_attempts=MAX_ATTEMPTS)
-        outcomes += [(bad, dead), (below, cancelled), (further, cancelled), (bad_box, dead),
-                     (bad_kid, dead), (good_kid, done), (after_bad, cancelled)]  # fmt: skip
+        outcomes += [
+            (bad, dead),
+            (below, cancelled),
+            (step(3, depends_on=[below]), cancelled),
+            (bad_box, dead),
+            (step(4, fail=True, parent=bad_box), dead),
+            (step(5, parent=bad_box), done),
+            (step(6, depends_on=[bad_box]), cancelled),
+        ]
     for job, state in outcomes:
         work.add([job], state)
 
@@ -325,6 +325,11 @@ def audit(work: Workload, tolerated: tuple[str, ...] = ()) -> Audit:
             and (row["last_error"] or {}).get("attempt") != row["attempts"]
         ):
             problems.append(f"job {pk}: dead by {row['last_error']}, not its last claim")
+        elif (
+            row["state"] == Job.State.CANCELLED
+            and (row["last_error"] or {}).get("type") != UPSTREAM_FAILED
+        ):
+            problems.append(f"job {pk}: cancelled by {row['last_error']}")
 
     children: dict[int, list[int]] = defaultdict(list)
     for pk, row in rows.items():
