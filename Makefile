@@ -7,7 +7,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql docs demo bench clean
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql chaos docs demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -52,6 +52,11 @@ test-mysql: venv
 	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
 
 test: lint typecheck checks docs test-sqlite test-postgres test-mysql
+
+# The chaos suite alone on each database (`make test` runs it too); see
+# docs/content/concepts/reliability.md for what it does and the server-restart variables.
+chaos: venv
+	$(MAKE) test-sqlite test-postgres test-mysql PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
 
 # Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
 bench: venv
