@@ -308,14 +308,17 @@ class Listener:
 
     def wait(self, timeout: float) -> list[str]:
         """Block up to `timeout` seconds for notifications; return their payloads (queues)."""
-        if hasattr(self.raw, "notifies") and callable(self.raw.notifies):  # psycopg 3
-            return [n.payload for n in self.raw.notifies(timeout=timeout, stop_after=1)]
-        # psycopg2: wait for the socket, then collect what arrived.
-        if select.select([self.raw], [], [], timeout)[0]:
-            self.raw.poll()
-        payloads = [n.payload for n in self.raw.notifies]
-        self.raw.notifies.clear()
-        return payloads
+        # Raw driver calls: a cut connection raises the driver's error; wrapped, Django's
+        # DatabaseError, which the duty takes for an outage (reconnect), not for a bug.
+        with self.dialect.connection.wrap_database_errors:
+            if hasattr(self.raw, "notifies") and callable(self.raw.notifies):  # psycopg 3
+                return [n.payload for n in self.raw.notifies(timeout=timeout, stop_after=1)]
+            # psycopg2: wait for the socket, then collect what arrived.
+            if select.select([self.raw], [], [], timeout)[0]:
+                self.raw.poll()
+            payloads = [n.payload for n in self.raw.notifies]
+            self.raw.notifies.clear()
+            return payloads
 
     def close(self) -> None:
         self.dialect.connection.close()

@@ -123,6 +123,7 @@ class JobWorker:
         self.flights = Flights()
         self.exit_code = EXIT_OK
         self._signals = 0
+        self._stop_requested = False
         self.dispatcher: Dispatcher | None = None
 
     @property
@@ -190,6 +191,8 @@ class JobWorker:
             submit_outcome=completer.submit,
             renewer=heartbeat.renewer,
         )
+        if self._stop_requested:
+            dispatcher.stop()
         promoter = Promoter(
             dialect,
             interval=min(self.poll_interval, 1.0),
@@ -242,6 +245,9 @@ class JobWorker:
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and finish (what the first SIGTERM does)."""
+        # Fix: a signal during start-up (before the dispatcher exists) was dropped, and the
+        # worker ran until a second one; run() stops the dispatcher it creates after this.
+        self._stop_requested = True
         if self.dispatcher is not None:
             self.dispatcher.stop()
         wake.wake_up()

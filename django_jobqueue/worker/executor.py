@@ -58,7 +58,10 @@ class Executor:
                     outcome = self._run(flight)
                 except BaseException:  # a pool thread never dies of one job: nobody would
                     logger.exception("Unexpected error running job id=%s", flight.job.pk)
-                _tidy_connections(self._aliases)
+                try:
+                    _tidy_connections(self._aliases)
+                except Exception:  # nor of tidying up after one (its outcome is pending)
+                    logger.exception("Could not tidy the connections of a handler thread")
                 if outcome is not None:
                     self._observe(outcome.duration)
                     self._on_outcome(outcome)
@@ -133,6 +136,9 @@ def _tidy_connections(aliases: list[str]) -> None:
     for alias in aliases:
         conn = connections[alias]
         if conn.errors_occurred and not conn.in_atomic_block:
-            if not conn.is_usable():
+            # Fix: after a failed connect there is no connection, and Django's MySQL backend
+            # pings None in is_usable() (AttributeError): the thread died, its job stayed
+            # `running` under a live worker for good.
+            if conn.connection is None or not conn.is_usable():
                 conn.close()
             conn.errors_occurred = False
