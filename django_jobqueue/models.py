@@ -273,3 +273,30 @@ class ConcurrencyLimit(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class LiveLease(Job):
+    """Jobs a worker holds (leased or running): the admin's live-leases page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("live lease")
+        verbose_name_plural = _("live leases")
+
+
+class DeadJob(Job):
+    """Jobs that ended `dead` or `cancelled`: the admin's dead-jobs page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("dead job")
+        verbose_name_plural = _("dead jobs")
+
+
+class QueueOverview(Job):
+    """The queue at a glance: the admin's overview page (no rows of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
