@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.db.models.functions import Greatest
 
 from . import conf, workflows
@@ -74,11 +74,13 @@ def _deletable(jobs: QuerySet[Job]) -> QuerySet[Job]:
     unfinished = workflows.UNFINISHED
     needed = JobDependency.objects.filter(depends_on_id=OuterRef("pk"), job__state__in=unfinished)
     child = Job.objects.filter(parent_id=OuterRef("pk"))
+    # A subquery, not a join: rows are locked FOR UPDATE, which an outer join forbids.
+    open_parent = Job.objects.filter(pk=OuterRef("parent_id"), state__in=unfinished)
     return (
         jobs.filter(state__in=Job.TERMINAL_STATES)
         .exclude(Exists(needed))
         .exclude(Exists(child))
-        .exclude(Q(parent__isnull=False) & Q(parent__state__in=unfinished))
+        .exclude(Exists(open_parent))
     )
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django_jobqueue.models import Job, JobDependency, Worker
 from tests.factories import JobFactory
 
-PASSWORD = "not-secret-pw"  # noqa: S105 - test users only
+PASSWORD = "not-secret-pw"
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"

@@ -107,7 +107,7 @@ def test_job_list_filters_and_search(
     query = query.format(
         **{
             name: getattr(scenario, name).pk
-            for name in expected + ["container", "downstream", "child_dead"]
+            for name in [*expected, "container", "downstream", "child_dead"]
         }
     )
     response = admin_client.get(url("job_changelist") + "?" + query)

@@ -34,8 +34,19 @@ class ExtraAttemptsForm(forms.Form):
     )
 
 
-class JobActionForm(ActionForm, ExtraAttemptsForm):
-    """The actions bar, with the extra attempt budget beside the action menu."""
+class JobActionForm(ActionForm):
+    """The actions bar, with the extra attempt budget beside the action menu.
+
+    A text field here: the action checks it (ExtraAttemptsForm) and says what is wrong,
+    where a bad value in the bar itself would only read "No action selected".
+    """
+
+    extra_attempts = forms.CharField(
+        label=_("Extra attempts (retry):"),
+        required=False,
+        initial="1",
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100, "style": "width:4em"}),
+    )
 
 
 def _ids(queryset: QuerySet[Any]) -> tuple[list[int], int]:
@@ -76,7 +87,7 @@ def _each(
         try:
             outcome = operate(pk)
         except JobQueueError as exc:
-            skipped[pk] = str(exc).replace(f"Job {pk} ", "it ", 1)
+            skipped[pk] = str(exc).replace(f"Job {pk} ", "it ", 1).rstrip(".")
             continue
         if outcome is None:
             skipped[pk] = "it has already finished"
