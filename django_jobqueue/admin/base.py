@@ -79,12 +79,17 @@ class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def attempts_of(self, job: Job) -> str:
         return f"{job.attempts} of {job.max_attempts}"
 
+    @admin.display(description="created")
+    def created(self, job: Job) -> str:
+        return timezone.localtime(job.created_at).strftime("%Y-%m-%d %H:%M:%S")
+
     @admin.display(description="last error")
     def last_error_line(self, job: Job) -> str:
         kind = getattr(job, "error_type", None)
         if kind is None:
             return ""
-        return display.first_line({"type": kind, "message": getattr(job, "error_message", "")})
+        error = {"type": kind, "message": getattr(job, "error_message", "")}
+        return display.first_line(error, limit=80)
 
     @admin.display(description="running for")
     def running_for(self, job: Job) -> SafeString | str:

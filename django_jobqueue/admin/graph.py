@@ -110,6 +110,7 @@ def render(job: Job) -> SafeString:
         edges.append(_line(me.x + W, me.y + H // 2, item.x, item.y + H // 2))
     for item in parts["parent"]:
         edges.append(_line(me.x + W // 2, item.y + H, me.x + W // 2, me.y, dashed=True))
+        edges.append(f'<text x="{me.x + W // 2 + 6}" y="{me.y - 8}" fill="#555">container</text>')
     for item in parts["children"]:
         edges.append(
             f'<path d="M{me.x + 15},{me.y + H} V{item.y + H // 2} H{item.x}" fill="none" '
@@ -138,7 +139,7 @@ def _line(x1: int, y1: int, x2: int, y2: int, *, dashed: bool = False) -> str:
 def _box(item: Node) -> str:
     border = 'stroke="#000" stroke-width="3"' if item.current else 'stroke="#fff"'
     return (
-        f'<a href="{escape(item.url)}"><title>{escape(item.label)} ({escape(item.detail)})'
+        f'<a href="{escape(item.url)}" style="text-decoration:none"><title>{escape(item.label)} ({escape(item.detail)})'
         f'</title><rect x="{item.x}" y="{item.y}" width="{W}" height="{H}" rx="5" '
         f'fill="{item.colour}" {border}/><text x="{item.x + 8}" y="{item.y + 16}" fill="#fff" '
         f'font-weight="bold">{escape(item.label)}</text><text x="{item.x + 8}" '

@@ -30,7 +30,7 @@ class JobAdmin(JobPagesAdmin):
         "queue",
         "group_key",
         "attempts_of",
-        "created_at",
+        "created",
         "running_for",
         "last_error_line",
     ]
