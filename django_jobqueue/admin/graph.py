@@ -139,7 +139,8 @@ def _line(x1: int, y1: int, x2: int, y2: int, *, dashed: bool = False) -> str:
 def _box(item: Node) -> str:
     border = 'stroke="#000" stroke-width="3"' if item.current else 'stroke="#fff"'
     return (
-        f'<a href="{escape(item.url)}" style="text-decoration:none"><title>{escape(item.label)} ({escape(item.detail)})'
+        f'<a href="{escape(item.url)}" style="text-decoration:none">'
+        f"<title>{escape(item.label)} ({escape(item.detail)})"
         f'</title><rect x="{item.x}" y="{item.y}" width="{W}" height="{H}" rx="5" '
         f'fill="{item.colour}" {border}/><text x="{item.x + 8}" y="{item.y + 16}" fill="#fff" '
         f'font-weight="bold">{escape(item.label)}</text><text x="{item.x + 8}" '

@@ -110,5 +110,4 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
     return sum(v for v in ctx.upstream_results.values() if isinstance(v, int))
 
 
-from . import workflow_jobs  # noqa: E402, F401 - registers the workflow handlers
-from . import admin_jobs  # noqa: E402, F401 - registers the admin tests' handlers
+from . import admin_jobs, workflow_jobs  # noqa: E402, F401 - register more handlers
