@@ -254,7 +254,7 @@ def test_overview_page(admin_client: Client, scenario: Scenario) -> None:
         for row in stats["rows"]
     }
     assert rows["emails"]["ready"] == 1 and rows["default"]["running"] == 2
-    assert stats["dead_last_hour"] == 3  # dead, container, child_dead
+    assert stats["dead_last_hour"] == "3"  # dead, container, child_dead
     assert stats["oldest_ready"] is not None
     assert stats["expired_leases"] == 1
     assert (stats["workers_alive"], stats["workers_stale"]) == (1, 1)
