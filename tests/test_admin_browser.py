@@ -168,7 +168,14 @@ def test_operator_tour(browser: Any, live_server: Any, start_worker: Any, shots:
     page.locator(".jq-errors details").first.click()  # unfold a traceback
     text = page.locator("#content-main").inner_text()
     assert "upstream API returned 502 for account 9" in text and "Traceback" in text
-    page.screenshot(path=shots / "job-dead.png", full_page=True)
+    assert "not part of a workflow" not in text  # a job on its own: no empty workflow rows
+    page.screenshot(path=shots / "job-top.png")
+    page.locator("fieldset", has_text="Errors by attempt").screenshot(path=shots / "job-dead.png")
+
+    page.goto(base + url("job_change", jobs["running"].pk))
+    lease = page.locator("fieldset", has_text="Lease").last
+    assert "pid" in lease.inner_text() and "EXPIRED" not in lease.inner_text()
+    lease.screenshot(path=shots / "job-lease.png")
 
     page.goto(base + url("job_change", jobs["build"].pk))
     graph = page.locator("svg.jq-graph")
@@ -193,11 +200,13 @@ def test_operator_tour(browser: Any, live_server: Any, start_worker: Any, shots:
     page.goto(base + url("deadjob_changelist"))
     page.screenshot(path=shots / "dead-jobs.png", full_page=True)
     page.check(f"input[name=_selected_action][value='{jobs['build'].pk}']")
+    page.check(f"input[name=_selected_action][value='{jobs['box'].pk}']")
     page.select_option("select[name=action]", "retry_jobs")
     page.fill("input[name=extra_attempts]", "2")
     page.click("button[name=index]")
     message = page.locator("ul.messagelist").inner_text()
     assert f"Retried 1 job (#{jobs['build'].pk} ready)" in message, message
+    assert f"Skipped 1: #{jobs['box'].pk}: it is a container" in message, message
     page.screenshot(path=shots / "retried.png")
     wait_for_job(jobs["box"].pk, "done")
     page.goto(base + url("job_change", jobs["build"].pk))

@@ -35,6 +35,10 @@ class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     sortable_by = ()
     list_display_links = None
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        title = str(self.model._meta.verbose_name_plural).capitalize()
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
     def _can(self, request: HttpRequest, action: str) -> bool:
         return bool(request.user.has_perm(f"django_jobqueue.{action}_job"))
 
@@ -81,7 +85,7 @@ class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="created")
     def created(self, job: Job) -> str:
-        return timezone.localtime(job.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        return display.when(job.created_at)
 
     @admin.display(description="last error")
     def last_error_line(self, job: Job) -> str:

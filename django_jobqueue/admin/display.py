@@ -72,6 +72,11 @@ def age(when: dt.datetime | None, now: dt.datetime | None = None) -> str:
     return text if seconds >= 0 else f"in {text}"
 
 
+def when(moment: dt.datetime | None) -> str:
+    """A moment in the current time zone, to the second."""
+    return "-" if moment is None else timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def duration(seconds: float) -> str:
     """A number of seconds as '3s', '2m 05s', '1h 02m' or '3d 04h'."""
     whole = int(seconds)

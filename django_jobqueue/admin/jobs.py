@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from ..models import Job, JobDependency, Worker
 from . import display, filters, graph
@@ -63,6 +63,7 @@ class JobAdmin(JobPagesAdmin):
         "traceback",
         "arguments",
         "job_result",
+        "runs",
     ]
     fieldsets = [
         (None, {"fields": ["type", "state_badge", "queue", "group_key", "priority", "weight"]}),
@@ -89,7 +90,7 @@ class JobAdmin(JobPagesAdmin):
                     "run_after",
                     "attempt_errors",
                     "traceback",
-                    "worker_ids",
+                    "runs",
                 ]
             },
         ),
@@ -97,6 +98,13 @@ class JobAdmin(JobPagesAdmin):
         ("Data", {"fields": ["arguments", "job_result"]}),
         ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
     ]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None or in_workflow(obj):
+            return self.fieldsets
+        # A job on its own: no picture, no empty container and dependency rows.
+        alone = ("Workflow", {"fields": ["cancellation", "unique_key"]})
+        return [alone if name == "Workflow" else (name, opts) for name, opts in self.fieldsets]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         queryset = super().get_queryset(request)
@@ -108,15 +116,23 @@ class JobAdmin(JobPagesAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        """Match an exact id, handler key or unique key: each an equality, never a LIKE scan."""
+        """Match an exact id, unique key or handler key: each by an index, never a LIKE scan.
+
+        An OR of them would let the planner walk the whole table in id order for one match;
+        the unique keys are looked up first instead (their index), then the id or the type.
+        """
         term = search_term.strip()
         if not term:
             return queryset, False
+        keyed = list(
+            Job.objects.filter(unique_key=term).order_by("-pk").values_list("pk", flat=True)[:100]
+        )
         number = term.lstrip("#")
         if number.isdigit():
-            # Not OR'ed with the handler key (no index): one row by id would cost a table scan.
-            return queryset.filter(Q(pk=int(number)) | Q(unique_key=term)), False
-        return queryset.filter(Q(type=term) | Q(unique_key=term)), False
+            return queryset.filter(pk__in=[int(number), *keyed]), False
+        if keyed:
+            return queryset.filter(pk__in=keyed), False
+        return queryset.filter(type=term), False
 
     @admin.display(description="cancellation")
     def cancellation(self, job: Job) -> SafeString | str:
@@ -167,13 +183,16 @@ class JobAdmin(JobPagesAdmin):
 
     @admin.display(description="picture")
     def workflow(self, job: Job) -> SafeString | str:
-        if (
-            job.parent_id is None
-            and not job.is_container
-            and not (job.has_dependents or JobDependency.objects.filter(job_id=job.pk).exists())
-        ):
-            return "not part of a workflow"
-        return graph.render(job)
+        return graph.render(job) if in_workflow(job) else "not part of a workflow"
+
+    @admin.display(description="workers, one per start")
+    def runs(self, job: Job) -> SafeString | str:
+        starts = [str(worker) for worker in job.worker_ids or []]
+        if not starts:
+            return "-"
+        return format_html_join(
+            mark_safe("<br>"), "start {}: {}", ((n, w) for n, w in enumerate(starts, 1))
+        )
 
     @admin.display(description="lease")
     def lease(self, job: Job) -> SafeString | str:
@@ -192,7 +211,7 @@ class JobAdmin(JobPagesAdmin):
         return format_html(
             "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago",
             owner,
-            job.lease_expires,
+            display.when(job.lease_expires),
             _expiry(job),
             display.age(job.heartbeat_at),
         )
@@ -212,6 +231,16 @@ class JobAdmin(JobPagesAdmin):
     @admin.display(description="result")
     def job_result(self, job: Job) -> SafeString:
         return display.pretty_json(job.result)
+
+
+def in_workflow(job: Job) -> bool:
+    """Whether the job has a container, children, upstream or downstream jobs."""
+    return bool(
+        job.parent_id is not None
+        or job.is_container
+        or job.has_dependents
+        or JobDependency.objects.filter(job_id=job.pk).exists()
+    )
 
 
 def _expiry(job: Job) -> SafeString:

@@ -23,6 +23,9 @@ SHOWN = 5
 class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Worker rows, read-only: each row is kept by its own process's heartbeat."""
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {"title": "Workers", **(extra_context or {})})
+
     list_display = [
         "id",
         "host",
