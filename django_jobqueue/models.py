@@ -286,6 +286,7 @@ class LiveLease(Job):
 
     class Meta:
         proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
         verbose_name = _("live lease")
         verbose_name_plural = _("live leases")
 
@@ -295,6 +296,7 @@ class DeadJob(Job):
 
     class Meta:
         proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
         verbose_name = _("dead job")
         verbose_name_plural = _("dead jobs")
 
@@ -304,5 +306,6 @@ class QueueOverview(Job):
 
     class Meta:
         proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
         verbose_name = _("overview")
         verbose_name_plural = _("overview")

@@ -31,6 +31,7 @@ class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     action_form = JobActionForm
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts are a COUNT per filter choice
     list_per_page = 50
     sortable_by = ()
     list_display_links = None
