@@ -124,9 +124,8 @@ class JobAdmin(JobPagesAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        keyed = list(
-            Job.objects.filter(unique_key=term).order_by("-pk").values_list("pk", flat=True)[:100]
-        )
+        # Unordered: with ORDER BY id, SQLite walks the primary key instead of the key's index.
+        keyed = list(Job.objects.filter(unique_key=term).values_list("pk", flat=True)[:100])
         number = term.lstrip("#")
         if number.isdigit():
             return queryset.filter(pk__in=[int(number), *keyed]), False
