@@ -211,3 +211,28 @@ def test_a_stale_lease_read_changes_nothing(operator: Client, scenario: Scenario
     )
     _, [text] = run_action(operator, "livelease", "release_leases", [scenario.stuck.pk])
     assert state(scenario.stuck) == "running" and "held by live worker" in text
+
+
+def test_job_page_buttons_run_the_action_and_come_back(
+    operator: Client, scenario: Scenario
+) -> None:
+    page = operator.get(url("job_change", scenario.dead.pk)).content.decode()
+    assert 'value="retry_jobs"' in page and 'value="cancel_jobs"' not in page
+    running = operator.get(url("job_change", scenario.running.pk)).content.decode()
+    assert 'value="cancel_jobs"' in running and 'value="release_leases"' in running
+    done = operator.get(url("job_change", scenario.done.pk)).content.decode()
+    assert "jq-job-action" not in done
+    data = {"action": "retry_jobs", "_selected_action": [str(scenario.dead.pk)], "_job_page": "1"}
+    response = operator.post(url("job_changelist"), data, follow=True)
+    assert response.redirect_chain[-1][0] == url("job_change", scenario.dead.pk)
+    assert state(scenario.dead) == "ready"
+    assert any(str(m).startswith("Retried 1 job") for m in response.context["messages"])
+
+
+def test_job_page_offers_viewers_no_buttons(scenario: Scenario) -> None:
+    client = support.login(support.make_user("viewer", "view_job"))
+    page = client.get(url("job_change", scenario.dead.pk)).content.decode()
+    assert "jq-job-action" not in page
+    data = {"action": "retry_jobs", "_selected_action": [str(scenario.dead.pk)], "_job_page": "1"}
+    client.post(url("job_changelist"), data)
+    assert state(scenario.dead) == "dead"

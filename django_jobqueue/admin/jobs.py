@@ -6,7 +6,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -98,6 +99,22 @@ class JobAdmin(JobPagesAdmin):
         ("Data", {"fields": ["arguments", "job_result"]}),
         ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
     ]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        offered = job_actions(job, self.has_change_permission(request)) if job else []
+        context = {"job_actions": offered, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """Run an action; from a job page's button, come back to that job's page."""
+        response = super().response_action(request, *args, **kwargs)
+        picked = request.POST.getlist("_selected_action")
+        if request.POST.get("_job_page") and len(picked) == 1 and picked[0].isdigit():
+            return redirect(display.job_url(int(picked[0])))
+        return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None or in_workflow(obj):
@@ -230,6 +247,19 @@ class JobAdmin(JobPagesAdmin):
     @admin.display(description="result")
     def job_result(self, job: Job) -> SafeString:
         return display.pretty_json(job.result)
+
+
+def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
+    """The buttons a job's page offers: the actions that apply to the job in its state."""
+    if not can_change:
+        return []
+    if job.state in (Job.State.DEAD, Job.State.CANCELLED) and not job.is_container:
+        return [("retry_jobs", "Retry")]
+    if job.state in Job.LEASED_STATES:
+        return [("cancel_jobs", "Cancel"), ("release_leases", "Release lease")]
+    if job.state not in Job.TERMINAL_STATES:
+        return [("cancel_jobs", "Cancel")]
+    return []
 
 
 def in_workflow(job: Job) -> bool:
