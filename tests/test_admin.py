@@ -221,6 +221,7 @@ def test_live_leases_page(admin_client: Client, scenario: Scenario) -> None:
     }
     assert "web-1 pid 4242" in content
     assert "(stale)" in content and "EXPIRED" in content and "(late)" in content
+    assert 'name="extra_attempts"' not in content  # no retry on this page
 
 
 def test_dead_jobs_page(admin_client: Client, scenario: Scenario) -> None:

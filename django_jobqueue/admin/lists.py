@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ActionForm
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -50,6 +51,7 @@ class LiveLeaseAdmin(_JobListAdmin):
     list_filter = [filters.QueueFilter, filters.TypeFilter, filters.WorkerFilter]
     ordering = ["lease_expires", "id"]
     actions = [cancel_jobs, release_leases]
+    action_form = ActionForm  # type: ignore[assignment]  # no retry here: no attempts box
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         # lease_expires is set exactly while a job is leased or running (a check constraint
