@@ -147,6 +147,12 @@ class Job(models.Model):
                 where=Q(finished_at__isnull=False),
                 name="jobqueue_job_state_finished",
             ),
+            # Waiting jobs by queue, for the admin's overview: every other unfinished state
+            # has an index of its own already. On MySQL/MariaDB an index on queue (a column
+            # no UPDATE changes), which the ready index's leading state column makes moot there.
+            PartialIndex(
+                fields=["queue"], where=Q(state="waiting"), name="jobqueue_job_waiting_queue"
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -288,3 +294,33 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class LiveLease(Job):
+    """Jobs a worker holds (leased or running): the admin's live-leases page."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("live lease")
+        verbose_name_plural = _("live leases")
+
+
+class DeadJob(Job):
+    """Jobs that ended `dead` or `cancelled`: the admin's dead-jobs page."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("dead job")
+        verbose_name_plural = _("dead jobs")
+
+
+class QueueOverview(Job):
+    """The queue at a glance: the admin's overview page (no rows of its own)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")

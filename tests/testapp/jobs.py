@@ -110,7 +110,7 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
     return sum(v for v in ctx.upstream_results.values() if isinstance(v, int))
 
 
-from . import chaos_jobs, workflow_jobs  # noqa: E402, F401 - registers their handlers
+from . import admin_jobs, chaos_jobs, workflow_jobs  # noqa: E402, F401 - registers their handlers
 
 
 @jobqueue.handler("test.unstorable_result")

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobqueue', '0004_engine'),
+        ('django_jobqueue', '0005_admin'),
     ]
 
     operations = [

@@ -1,0 +1,79 @@
+"""Admin actions against a live worker (a `jobqueue_worker` subprocess) on the same jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+import django_jobqueue as jobqueue
+from django_jobqueue.models import Job
+from tests.admin_support import run_action, url
+from tests.conftest import assert_clean_log, poll, wait_for_job
+from tests.testapp.models import RunRecord
+from tests.workflow_support import FAST
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def test_cancel_all_while_a_worker_runs_them(admin_client: Client, start_worker: Any) -> None:
+    """Each job ends done or cancelled, never both, never stuck; the report adds up."""
+    jobs = [jobqueue.enqueue("test.record", {"sleep": 0.05}) for _ in range(150)]
+    worker = start_worker("--concurrency", "4", *FAST)
+    poll(lambda: Job.objects.filter(state="done").count() >= 10)
+    data = {
+        "action": "cancel_jobs",
+        "select_across": "1",
+        "index": "0",
+        "_selected_action": [str(jobs[0].pk)],
+    }
+    response = admin_client.post(url("job_changelist"), data, follow=True)
+    [text] = [str(m) for m in response.context["messages"]]
+    poll(lambda: not Job.objects.exclude(state__in=Job.TERMINAL_STATES).exists())
+    rows = {job.pk: job for job in Job.objects.all()}
+    ran = set(RunRecord.objects.values_list("job_id", flat=True))
+    assert {row.state for row in rows.values()} <= {"done", "cancelled"}
+    for pk, row in rows.items():
+        assert row.lease_owner is None and row.finished_at is not None
+        if row.state == "done":
+            assert pk in ran
+        elif pk in ran:  # it was running: cancelled cooperatively, its result discarded
+            assert row.cancel_requested and row.result is None
+    cancelled = sum(1 for row in rows.values() if row.state == "cancelled")
+    assert cancelled >= 1
+    changed = int(text.split()[1])
+    skipped = int(text.split("Skipped ")[1].split(":")[0]) if "Skipped" in text else 0
+    assert changed + skipped == 150
+    assert changed == cancelled
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+def test_cancel_a_running_job_from_the_admin(admin_client: Client, start_worker: Any) -> None:
+    worker = start_worker("--concurrency", "2", *FAST)
+    job = jobqueue.enqueue("wf.until_cancelled", {"limit": 60})
+    wait_for_job(job.pk, Job.State.RUNNING)
+    _, [text] = run_action(admin_client, "livelease", "cancel_jobs", [job.pk])
+    assert f"#{job.pk} cancel requested" in text
+    row = wait_for_job(job.pk, *Job.TERMINAL_STATES)
+    assert row.state == "cancelled" and row.result is None
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+def test_retry_from_the_admin_runs_the_job_again(admin_client: Client, start_worker: Any) -> None:
+    worker = start_worker("--concurrency", "2", *FAST)
+    job = jobqueue.enqueue("test.fail_then_succeed", {"failures": 1}, max_attempts=1)
+    wait_for_job(job.pk, Job.State.DEAD)
+    _, [text] = run_action(admin_client, "deadjob", "retry_jobs", [job.pk], extra_attempts="1")
+    assert text.startswith("Retried 1 job")
+    row = wait_for_job(job.pk, Job.State.DONE)
+    assert row.attempts == 2 and row.result == "ok on attempt 2"
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
