@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import workflows
+from . import pausing, workflows
 from .claimed import ClaimedJob
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
@@ -86,20 +86,23 @@ def claim(
     database has it.
     """
 
-    ready = _ready(dialect.using, tuple(queues))
+    using = dialect.using
+    paused = scheduler.paused_queues(using) if scheduler else pausing.paused_queues(using)
+    ready = _ready(using, tuple(queues), paused)
+    shape = (tuple(queues), paused)
     dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
     if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
         # One statement, its own transaction: no BEGIN and COMMIT round trips.
         return dialect.run_statement(
             lambda: dialect.claim_ready(
-                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         )
 
     def txn() -> list[ClaimedJob]:
         if scheduler is None or not scheduler.needs_planning(ready):
             return dialect.claim_ready(
-                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=tuple(queues)
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         rows = scheduler.select(dialect, ready, limit, dynamic)
         return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
@@ -108,9 +111,10 @@ def claim(
 
 
 @functools.lru_cache(maxsize=64)
-def _ready(using: str, queues: tuple[str, ...]) -> JobQuerySet:
+def _ready(using: str, queues: tuple[str, ...], paused: tuple[str, ...]) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
-    return Job.objects.using(using).ready().in_queues(queues)
+    ready = Job.objects.using(using).ready().in_queues(queues)
+    return ready.exclude(queue__in=paused) if paused else ready
 
 
 def finish_many(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
+from . import pausing
 from .models import ConcurrencyLimit, Job, JobQuerySet
 from .ratelimits import RateLimits
 
@@ -115,6 +116,8 @@ class Scheduler:
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
+        self._paused: tuple[str, ...] = ()
+        self._paused_until = 0.0
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -150,6 +153,15 @@ class Scheduler:
         if self.idle and time.monotonic() >= self._demand_until:
             return False
         return len(self._current_demand(ready)) > 1
+
+    def paused_queues(self, using: str) -> tuple[str, ...]:
+        """The paused queues, read at most every FAIR_SHARE_REFRESH seconds (the claim's
+        only cost of queue pause: one small read per refresh, none per claim)."""
+        now = time.monotonic()
+        if now >= self._paused_until:
+            self._paused = pausing.paused_queues(using)
+            self._paused_until = now + self.refresh
+        return self._paused
 
     def note_claimed(self, count: int) -> None:
         """Record how many jobs the last claim took (none: the worker is idle)."""
