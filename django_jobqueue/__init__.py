@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .control import cancel, container, retry
     from .enqueuing import enqueue
     from .graphs import Graph, enqueue_many, graph
+    from .schedules import schedule
 
 try:
     __version__ = version("django-jobqueue")
@@ -58,6 +59,7 @@ __all__ = [
     "graph",
     "handler",
     "retry",
+    "schedule",
 ]
 
 # Loaded on first use: they import the models, which need the app registry, and
@@ -71,6 +73,7 @@ _LAZY = {
     "Graph": "graphs",
     "enqueue_many": "graphs",
     "graph": "graphs",
+    "schedule": "schedules",
 }
 
 

@@ -1,21 +1,18 @@
 """Schedules (JOBQUEUE["SCHEDULES"]): periodic jobs that the workers enqueue themselves.
 
-A schedule names a handler and either a cron expression in a time zone or `every` N seconds.
-Its *slots* are the instants it is due. Every worker looks for due slots; a slot is taken by
-the worker whose conditioned UPDATE moves the schedule's `last_slot` past it, in the same
-transaction that enqueues the slot's job (with the unique key `schedule:<name>:<slot>`), so
-each slot is enqueued once across every worker and host, with no beat process or leader.
+A schedule names a handler (or a django.tasks task) and either a cron expression in a time
+zone or `every` N seconds; its *slots* are the instants it is due. This module defines and
+checks schedules; the workers' scheduler duty (worker/scheduler.py) enqueues their slots.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
 import math
 import zoneinfo
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings
@@ -24,15 +21,12 @@ from django.utils.module_loading import import_string
 
 from . import conf, registry, validation
 from .dialects import Dialect
-from .exceptions import InvalidJobError, JobQueueError
-from .models import Job, ScheduleState
-
-logger = logging.getLogger(__name__)
+from .exceptions import HandlerRegistrationError, InvalidJobError, JobQueueError
 
 CATCH_UP = ("once", "skip")
 DEFAULT_CATCH_UP = "once"
 DEFAULT_GRACE = 60.0  # seconds: how late a slot may be found and still run under "skip"
-KEYS = {"handler", "cron", "every", "timezone", "args", "queue", "group", "priority"} | {
+KEYS = {"handler", "task", "cron", "every", "timezone", "args", "queue", "group", "priority"} | {
     "catch_up",
     "grace",
 }
@@ -40,6 +34,10 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 UTC_ZONE = zoneinfo.ZoneInfo("UTC")
 
 Clock = Callable[[], dt.datetime]
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Schedules declared with @jobqueue.schedule next to their handler (or task), by name.
+_declared: dict[str, dict[str, Any]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +45,8 @@ class Schedule:
     """One validated entry of JOBQUEUE["SCHEDULES"]."""
 
     name: str
-    handler: str
+    handler: str  # the handler key of the jobs (for a task, the task's key)
+    task: str | None = None  # the dotted path of a django.tasks task, or None
     cron: str | None = None
     every: int | None = None  # seconds; slots fall on whole multiples since the Unix epoch
     timezone: zoneinfo.ZoneInfo = UTC_ZONE
@@ -107,9 +106,16 @@ def parse(name: Any, raw: Any, *, check_handler: bool = True) -> Schedule:
     unknown = sorted(set(raw) - KEYS)
     if unknown:
         raise bad(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {sorted(KEYS)}.")
-    handler = raw.get("handler")
+    handler, task = raw.get("handler"), raw.get("task")
+    if task is not None and "handler" in raw:
+        raise bad("give one of 'handler' and 'task', not both.")
+    if task is not None:
+        handler = _task_key(task, bad)
     if not isinstance(handler, str):
-        raise bad("'handler' (the key of a registered handler) is required.")
+        raise bad(
+            "'handler' (the key of a registered handler) or 'task' (the dotted path of a "
+            "django.tasks task) is required."
+        )
     if check_handler:
         try:
             registry.get(handler)
@@ -155,15 +161,42 @@ def parse(name: Any, raw: Any, *, check_handler: bool = True) -> Schedule:
     except InvalidJobError as exc:
         raise bad(str(exc)) from None
     return Schedule(
-        name=name, handler=handler, cron=cron, every=every, timezone=tz, args=args,
+        name=name, handler=handler, task=task, cron=cron, every=every, timezone=tz, args=args,
         queue=queue, group=group, priority=priority, catch_up=catch_up, grace=float(grace),
     )  # fmt: skip
 
 
+def _task_key(path: Any, bad: Callable[[str], ImproperlyConfigured]) -> str:
+    """Return the handler key of the django.tasks task at dotted `path`."""
+    from . import backends
+
+    if not backends.HAS_TASKS:
+        raise bad("'task' needs django.tasks (Django 6.0 or newer).")
+    try:
+        found = import_string(path) if isinstance(path, str) else None
+    except ImportError as exc:
+        raise bad(f"'task' {path!r} cannot be imported: {exc}") from None
+    if not isinstance(found, backends.JobQueueTask):
+        raise bad(
+            f"'task' {path!r} is not a task of django_jobqueue.backends.JobQueueBackend "
+            "(a function decorated with @task, with that backend in TASKS)."
+        )
+    return backends.task_key(found.backend, found.module_path)
+
+
+def _raw() -> dict[str, dict[str, Any]]:
+    """The definitions of JOBQUEUE["SCHEDULES"] and of @jobqueue.schedule, by name."""
+    return {**_declared, **conf.get().schedules}
+
+
 def problems() -> list[str]:
-    """Return what is wrong with JOBQUEUE["SCHEDULES"], one message per schedule."""
-    found = []
-    for name, raw in conf.get().schedules.items():
+    """Return what is wrong with the schedules, one message per schedule."""
+    found = [
+        f"JOBQUEUE['SCHEDULES'][{name!r}]: also declared with @jobqueue.schedule; "
+        "name one of them differently."
+        for name in sorted(set(_declared) & set(conf.get().schedules))
+    ]
+    for name, raw in _raw().items():
         try:
             parse(name, raw)
         except ImproperlyConfigured as exc:
@@ -172,8 +205,56 @@ def problems() -> list[str]:
 
 
 def configured() -> list[Schedule]:
-    """Return the schedules of JOBQUEUE["SCHEDULES"], raising ImproperlyConfigured if one is bad."""
-    return [parse(name, raw) for name, raw in sorted(conf.get().schedules.items())]
+    """Return every schedule, raising ImproperlyConfigured if one is bad."""
+    found = problems()
+    if found:
+        raise ImproperlyConfigured(found[0])
+    return [parse(name, raw) for name, raw in sorted(_raw().items())]
+
+
+def schedule(
+    name: str,
+    *,
+    cron: str | None = None,
+    every: int | None = None,
+    timezone: str | None = None,
+    args: dict[str, Any] | None = None,
+    queue: str | None = None,
+    group: str | None = None,
+    priority: int | None = None,
+    catch_up: str | None = None,
+    grace: float | None = None,
+) -> Callable[[F], F]:
+    """Run the decorated handler (or django.tasks task) on a schedule named `name`.
+
+    Put it above ``@jobqueue.handler(...)`` (or ``@task``). The keywords are those of a
+    JOBQUEUE["SCHEDULES"] entry, checked with them by the system checks (E010).
+    """
+    from . import backends
+
+    options = {
+        "cron": cron, "every": every, "timezone": timezone, "args": args, "queue": queue,
+        "group": group, "priority": priority, "catch_up": catch_up, "grace": grace,
+    }  # fmt: skip
+
+    def decorator(func: F) -> F:
+        raw = {k: v for k, v in options.items() if v is not None}
+        if backends.HAS_TASKS and isinstance(func, backends.JobQueueTask):
+            raw["task"] = func.module_path
+        else:
+            key = registry.key_of(func)
+            if key is None:
+                raise HandlerRegistrationError(
+                    f"@jobqueue.schedule({name!r}) must decorate a registered handler: put it "
+                    "above @jobqueue.handler(...)."
+                )
+            raw["handler"] = key
+        if _declared.get(name, raw) != raw:
+            raise HandlerRegistrationError(f"Schedule {name!r} is declared twice.")
+        _declared[name] = raw
+        return func
+
+    return decorator
 
 
 def clock(dialect: Dialect) -> Clock:
@@ -183,69 +264,3 @@ def clock(dialect: Dialect) -> Clock:
         return dialect.now
     func: Clock = import_string(hook) if isinstance(hook, str) else hook
     return func
-
-
-def ensure_states(dialect: Dialect, schedules: list[Schedule], now: dt.datetime) -> None:
-    """Create the state rows of `schedules` that have none: their first slot is after `now`."""
-    ScheduleState.objects.using(dialect.using).bulk_create(
-        [ScheduleState(name=s.name, last_slot=now) for s in schedules], ignore_conflicts=True
-    )
-
-
-def take_slot(dialect: Dialect, schedule: Schedule, now: dt.datetime) -> Job | None:
-    """Enqueue the due slot of `schedule`, if any and if no other worker has; return its job.
-
-    One transaction: the state row is read (skipping it if another worker holds it), moved
-    past the slot by an UPDATE conditioned on the value read, and the slot's job enqueued.
-    """
-    from .enqueuing import enqueue
-
-    def txn() -> Job | None:
-        states = ScheduleState.objects.using(dialect.using)
-        last = (
-            dialect.lock(states.filter(name=schedule.name))
-            .values_list("last_slot", flat=True)
-            .first()
-        )
-        if last is None:
-            return None  # another worker holds the row (or it is not created yet)
-        slot, run = schedule.decide(last, now)
-        if slot is None:
-            return None
-        moved = states.filter(name=schedule.name, last_slot=last)
-        if not run:
-            moved.update(last_slot=slot)
-            logger.warning(
-                "Schedule %s: skipped slot(s) up to %s (found %.0fs late; catch_up='skip')",
-                schedule.name, slot.isoformat(), (now - slot).total_seconds(),
-            )  # fmt: skip
-            return None
-        job = enqueue(
-            schedule.handler,
-            schedule.args,
-            queue=schedule.queue,
-            group=schedule.group,
-            priority=schedule.priority,
-            unique_key=schedule.unique_key(slot),
-        )
-        if not moved.update(last_slot=slot, enqueued_slot=slot, job_id=job.pk):
-            # Not reachable while the row is locked; rolled back should it ever be.
-            raise ScheduleRace(f"schedule {schedule.name}: slot {slot} taken concurrently")
-        logger.info("Schedule %s: enqueued job %s for slot %s", schedule.name, job.pk, slot)
-        return job
-
-    try:
-        return dialect.run_in_transaction(txn)
-    except ScheduleRace:
-        return None
-
-
-class ScheduleRace(JobQueueError):
-    """Another worker took a schedule's slot first (the transaction was rolled back)."""
-
-
-def seconds_until_next(schedules: list[Schedule], now: dt.datetime) -> float | None:
-    """Seconds from `now` to the next slot of any of `schedules` (None: no schedules)."""
-    if not schedules:
-        return None
-    return min((s.next_after(now) - now).total_seconds() for s in schedules)

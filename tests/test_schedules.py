@@ -10,17 +10,21 @@ from collections import Counter
 from io import StringIO
 from pathlib import Path
 
+import django
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
-from django_jobqueue import schedules
+import django_jobqueue as jobqueue
+from django_jobqueue import registry, schedules
 from django_jobqueue.checks import check_schedules, check_settings
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.exceptions import HandlerRegistrationError
 from django_jobqueue.models import Job, ScheduleState
+from django_jobqueue.worker import scheduler
 from tests.conftest import assert_clean_log, poll
 from tests.testapp.clock import set_clock
-from tests.workflow_support import FAST
+from tests.workflow_support import FAST, run_burst
 
 UTC = dt.UTC
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
@@ -133,13 +137,13 @@ def test_schedules_must_be_a_dict_of_dicts(settings):
 def test_a_slot_is_taken_once_and_its_job_carries_the_slot_key():
     s = schedules.parse("poll", {"handler": "test.add", "every": 30, "args": {"a": 1, "b": 2}})
     dialect = get_dialect("default")
-    schedules.ensure_states(dialect, [s], at("2026-01-01T00:00:05+00:00"))
+    scheduler.ensure_states(dialect, [s], at("2026-01-01T00:00:05+00:00"))
     now = at("2026-01-01T00:00:31+00:00")
-    job = schedules.take_slot(dialect, s, now)
+    job = scheduler.take_slot(dialect, s, now)
     assert job is not None
     assert job.unique_key == "schedule:poll:2026-01-01T00:00:30+00:00"
     assert (job.type, job.args) == ("test.add", {"a": 1, "b": 2})
-    assert schedules.take_slot(dialect, s, now) is None  # the same slot again: nothing
+    assert scheduler.take_slot(dialect, s, now) is None  # the same slot again: nothing
     state = ScheduleState.objects.get(name="poll")
     assert (state.last_slot, state.enqueued_slot, state.job_id) == (
         at("2026-01-01T00:00:30+00:00"),
@@ -165,8 +169,8 @@ def test_jobqueue_schedules_lists_next_runs_and_last_enqueued_slot(settings, tmp
         mp.setenv("JOBQUEUE_TEST_CLOCK_FILE", str(clock_file))
         dialect = get_dialect("default")
         poll_schedule = schedules.configured()[1]
-        schedules.ensure_states(dialect, [poll_schedule], at("2026-01-01T09:59:00+00:00"))
-        job = schedules.take_slot(dialect, poll_schedule, at("2026-01-01T10:00:05+00:00"))
+        scheduler.ensure_states(dialect, [poll_schedule], at("2026-01-01T09:59:00+00:00"))
+        job = scheduler.take_slot(dialect, poll_schedule, at("2026-01-01T10:00:05+00:00"))
         out = StringIO()
         call_command("jobqueue_schedules", "--count", "2", stdout=out)
     text = out.getvalue()
@@ -275,3 +279,92 @@ def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, 
     enqueuers = [w for w in fleet if "Schedule every-15: enqueued job" in w.output()]
     print(f"{len(enqueuers)} of 3 workers enqueued slots")
     assert len(enqueuers) >= 2
+
+
+# -- Django tasks and the decorator --------------------------------------------------------
+
+requires_tasks = pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django 6.0+")
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_can_name_a_django_task(settings):
+    from django_jobqueue.backends import task_key
+
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "SCHEDULES": {
+            "sum": {"task": "tests.testapp.tasks.add", "every": 10, "args": {"a": 2, "b": 3}}
+        },
+    }
+    (s,) = schedules.configured()
+    assert s.handler == task_key("default", "tests.testapp.tasks.add")
+    dialect = get_dialect("default")
+    scheduler.ensure_states(dialect, [s], at("2026-01-01T00:00:00+00:00"))
+    job = scheduler.take_slot(dialect, s, at("2026-01-01T00:00:10+00:00"))
+    assert job is not None and job.unique_key == "schedule:sum:2026-01-01T00:00:10+00:00"
+    assert run_burst() == 0
+    job.refresh_from_db()
+    assert (job.state, job.result) == ("done", 5)
+
+
+@requires_tasks
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"task": "tests.testapp.tasks.nope", "every": 5}, "cannot be imported"),
+        ({"task": "tests.testapp.jobs.add", "every": 5}, "is not a task of"),
+        ({"task": "tests.testapp.tasks.add", "handler": "test.add", "every": 5}, "not both"),
+    ],
+)
+def test_a_bad_task_schedule_is_a_check_error(settings, raw, message):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"bad": raw}}
+    (error,) = check_schedules()
+    assert message in error.msg
+
+
+@pytest.fixture
+def declared():
+    """Forget what a test declares with @jobqueue.schedule or registers as a handler."""
+    before = dict(schedules._declared)
+    yield
+    schedules._declared.clear()
+    schedules._declared.update(before)
+    registry.unregister("test.scheduled_add")
+
+
+def test_the_decorator_schedules_the_handler_below_it(declared, settings):
+    @jobqueue.schedule("deco", every=5, args={"a": 1, "b": 1}, queue="feeds")
+    @jobqueue.handler("test.scheduled_add")
+    def scheduled_add(a: int, b: int) -> int:
+        return a + b
+
+    (s,) = schedules.configured()
+    assert (s.name, s.handler, s.every, s.args, s.queue) == (
+        "deco", "test.scheduled_add", 5, {"a": 1, "b": 1}, "feeds",
+    )  # fmt: skip
+    assert not check_schedules()
+    # The same name in settings as well: which one is meant is unclear, so it is an error.
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "SCHEDULES": {"deco": {"handler": "test.noop", "every": 9}},
+    }
+    assert "also declared with @jobqueue.schedule" in check_schedules()[0].msg
+
+
+def test_the_decorator_needs_a_registered_handler_below_it(declared):
+    def loose() -> None:
+        return None
+
+    with pytest.raises(HandlerRegistrationError, match=r"above @jobqueue\.handler"):
+        jobqueue.schedule("loose", every=5)(loose)
+    assert "loose" not in schedules._declared
+
+
+@requires_tasks
+def test_the_decorator_schedules_a_task(declared):
+    from tests.testapp import tasks
+
+    jobqueue.schedule("task-deco", cron="0 * * * *", args={"a": 1, "b": 2})(tasks.add)
+    (s,) = schedules.configured()
+    assert s.task == "tests.testapp.tasks.add" and s.cron == "0 * * * *"
