@@ -66,14 +66,29 @@ class Schedule:
         found = next(CronSim(self.cron, moment.astimezone(self.timezone)))
         return found.astimezone(dt.UTC)
 
-    def latest_until(self, moment: dt.datetime) -> dt.datetime:
-        """Return the last slot at or before `moment` (UTC)."""
+    def latest_until(
+        self, moment: dt.datetime, after: dt.datetime | None = None
+    ) -> dt.datetime | None:
+        """Return the last slot at or before `moment` and after `after` (UTC), or None."""
         if self.every is not None:
             elapsed = (moment - EPOCH) // dt.timedelta(seconds=self.every)
-            return EPOCH + dt.timedelta(seconds=self.every * elapsed)
-        assert self.cron is not None
-        after = moment.astimezone(self.timezone) + dt.timedelta(microseconds=1)
-        return next(CronSim(self.cron, after, reverse=True)).astimezone(dt.UTC)
+            found = EPOCH + dt.timedelta(seconds=self.every * elapsed)
+            return found if after is None or found > after else None
+        # Forward from ever earlier starts (cronsim's reverse iteration skips the repeated
+        # hour of an autumn daylight-saving change): a few slots are walked at most.
+        span = dt.timedelta(minutes=1)
+        while span < dt.timedelta(days=366 * 30):
+            start = moment - span
+            if after is not None and start <= after:
+                start = after
+            latest = None
+            slot = self.next_after(start)
+            while slot <= moment:
+                latest, slot = slot, self.next_after(slot)
+            if latest is not None or start == after:
+                return latest
+            span *= 8
+        return None
 
     def unique_key(self, slot: dt.datetime) -> str:
         """The unique key of the job of `slot`."""
@@ -85,9 +100,9 @@ class Schedule:
         Only the latest due slot can run: earlier ones were missed (no worker ran when they
         were due). It runs under "once", and under "skip" if it is at most `grace` late.
         """
-        if self.next_after(last) > now:
+        latest = self.latest_until(now, after=last)
+        if latest is None:
             return None, False
-        latest = self.latest_until(now)
         if self.catch_up == "skip" and (now - latest).total_seconds() > self.grace:
             return latest, False
         return latest, True

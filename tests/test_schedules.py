@@ -61,6 +61,24 @@ def test_cron_slots_follow_the_time_zone_across_daylight_saving():
     assert s.latest_until(second - dt.timedelta(seconds=1)) == first
 
 
+def test_slots_walk_forward_through_the_repeated_autumn_hour():
+    """Paris falls back from 03:00 CEST to 02:00 CET (01:00 UTC) on 2026-10-25: a worker
+    looking every 5 minutes finds every 20-minute slot once, in UTC order, the repeated local
+    hour included."""
+    s = schedule(cron="*/20 * * * *", timezone="Europe/Paris")
+    last, found = at("2026-10-24T23:55:00+00:00"), []
+    now = last
+    while now < at("2026-10-25T02:30:00+00:00"):
+        now += dt.timedelta(minutes=5)
+        slot, run = s.decide(last, now)
+        if slot is not None:
+            assert run and slot > last
+            found.append(slot.strftime("%H:%M"))
+            last = slot
+    assert found == [f"{h:02}:{m:02}" for h in (0, 1, 2) for m in (0, 20, 40)][:-1]
+    assert s.latest_until(at("2026-10-25T01:59:00+00:00")) == at("2026-10-25T01:40:00+00:00")
+
+
 def test_only_the_latest_due_slot_runs_and_skip_drops_it_when_late():
     once = schedule(every=60)
     skip = schedule(every=60, catch_up="skip", grace=10)

@@ -143,7 +143,7 @@ class ScheduleRunner(Duty):
             seen = last.get(schedule.name)
             if seen is not None and schedule.next_after(seen) <= now:
                 take_slot(self.dialect, schedule, now)
-        until = seconds_until_next(self.schedules, self.clock())
+        until = seconds_until_next(self.schedules, now)
         if until is None:
             return None
         # A little after the slot: the clock was read before the sleep began.
