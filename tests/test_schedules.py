@@ -211,7 +211,7 @@ SCHEDULES = {
         "catch_up": "skip",
         "grace": 10,
     },
-    "every-15": {"handler": "test.add", "every": 15, "args": {"a": 1, "b": 2}},
+    "every-20": {"handler": "test.add", "every": 20, "args": {"a": 1, "b": 2}},
 }
 
 
@@ -238,7 +238,7 @@ def keys_of(name: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, tmp_path: Path):
-    """Three worker processes share a simulated clock (30x): over 5 minutes across the Paris
+    """Three worker processes share a simulated clock (20x): over 5 minutes across the Paris
     daylight-saving jump every slot is enqueued exactly once; after a 10-minute gap "once"
     enqueues the latest missed slot and "skip" none; then slots continue as before."""
     clock_file = tmp_path / "clock.json"
@@ -254,22 +254,22 @@ def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, 
     for worker in fleet:
         worker.wait_registered()
 
-    # Five simulated minutes in ten seconds, then the clock stands still.
+    # Five simulated minutes in fifteen seconds, then the clock stands still.
     end1 = at("2026-03-29T01:02:30+00:00")
-    set_clock(clock_file, start, speed=30, until=end1)
+    set_clock(clock_file, start, speed=20, until=end1)
     want = {
         "minutely-once": slots("2026-03-29T00:57:30+00:00", "2026-03-29T01:02:30+00:00", 60),
         "minutely-skip": slots("2026-03-29T00:57:30+00:00", "2026-03-29T01:02:30+00:00", 60),
-        "every-15": slots("2026-03-29T00:57:30+00:00", "2026-03-29T01:02:30+00:00", 15),
+        "every-20": slots("2026-03-29T00:57:30+00:00", "2026-03-29T01:02:30+00:00", 20),
     }
-    assert len(want["minutely-once"]) == 5 and len(want["every-15"]) == 20
+    assert len(want["minutely-once"]) == 5 and len(want["every-20"]) == 15
     poll(lambda: all(keys_of(n) == w for n, w in want.items()), timeout=60, interval=0.2)
 
     # A gap: ten minutes pass with no slot enqueued (as if no worker ran), found 25 s late.
     gap_end = at("2026-03-29T01:13:25+00:00")
     set_clock(clock_file, gap_end)
     want["minutely-once"].append("2026-03-29T01:13:00+00:00")  # the latest missed slot, once
-    want["every-15"].append("2026-03-29T01:13:15+00:00")  # 10 s late: "once" (the default)
+    want["every-20"].append("2026-03-29T01:13:20+00:00")  # 5 s late: "once" (the default)
     poll(lambda: all(keys_of(n) == w for n, w in want.items()), timeout=60, interval=0.2)
     # "skip" moved past the missed slots without enqueueing any (grace 10 s < 25 s late).
     poll(lambda: ScheduleState.objects.get(name="minutely-skip").last_slot == at(
@@ -278,10 +278,10 @@ def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, 
 
     # Two more minutes: every schedule carries on from where it stands.
     end2 = at("2026-03-29T01:15:25+00:00")
-    set_clock(clock_file, gap_end, speed=30, until=end2)
+    set_clock(clock_file, gap_end, speed=20, until=end2)
     want["minutely-once"] += slots("2026-03-29T01:13:25+00:00", "2026-03-29T01:15:25+00:00", 60)
     want["minutely-skip"] += slots("2026-03-29T01:13:25+00:00", "2026-03-29T01:15:25+00:00", 60)
-    want["every-15"] += slots("2026-03-29T01:13:25+00:00", "2026-03-29T01:15:25+00:00", 15)
+    want["every-20"] += slots("2026-03-29T01:13:25+00:00", "2026-03-29T01:15:25+00:00", 20)
     poll(lambda: all(keys_of(n) == w for n, w in want.items()), timeout=60, interval=0.2)
     poll(lambda: not Job.objects.exclude(state=Job.State.DONE).exists(), timeout=60)
 
@@ -294,7 +294,7 @@ def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, 
     assert set(Job.objects.filter(type="test.add").values_list("result", flat=True)) == {3}
     # Every worker's scheduler took part (no leader): the jobs' slots were enqueued by more
     # than one of them, which the log lines show.
-    enqueuers = [w for w in fleet if "Schedule every-15: enqueued job" in w.output()]
+    enqueuers = [w for w in fleet if "Schedule every-20: enqueued job" in w.output()]
     print(f"{len(enqueuers)} of 3 workers enqueued slots")
     assert len(enqueuers) >= 2
 
