@@ -108,7 +108,7 @@ class Schedule:
         return latest, True
 
 
-def parse(name: Any, raw: Any, *, check_handler: bool = True) -> Schedule:
+def parse(name: Any, raw: Any) -> Schedule:
     """Return the Schedule of one SCHEDULES entry, or raise ImproperlyConfigured saying why."""
 
     def bad(problem: str) -> ImproperlyConfigured:
@@ -131,11 +131,10 @@ def parse(name: Any, raw: Any, *, check_handler: bool = True) -> Schedule:
             "'handler' (the key of a registered handler) or 'task' (the dotted path of a "
             "django.tasks task) is required."
         )
-    if check_handler:
-        try:
-            registry.get(handler)
-        except JobQueueError as exc:
-            raise bad(str(exc)) from None
+    try:
+        registry.get(handler)
+    except JobQueueError as exc:
+        raise bad(str(exc)) from None
     cron, every = raw.get("cron"), raw.get("every")
     if (cron is None) == (every is None):
         raise bad("give exactly one of 'cron' (a cron expression) and 'every' (seconds).")

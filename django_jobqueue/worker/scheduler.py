@@ -4,8 +4,8 @@ Every worker runs one; there is no beat process and no leader. A tick reads the 
 state rows (no write transaction while nothing is due) and takes each due slot with
 `take_slot()`, which lets exactly one worker enqueue it: the one whose conditioned UPDATE
 moves the schedule's `last_slot` past the slot, in the transaction that enqueues the slot's
-job (unique key `schedule:<name>:<slot>`). Between ticks it sleeps
-until the next slot by the schedules' clock, at most `interval`.
+job (unique key `schedule:<name>:<slot>`). Between ticks it sleeps until the next slot by
+the schedules' clock, at most `interval`.
 """
 
 from __future__ import annotations
