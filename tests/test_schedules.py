@@ -321,7 +321,10 @@ def test_a_schedule_can_name_a_django_task(settings):
     scheduler.ensure_states(dialect, [s], at("2026-01-01T00:00:00+00:00"))
     job = scheduler.take_slot(dialect, s, at("2026-01-01T00:00:10+00:00"))
     assert job is not None and job.unique_key == "schedule:sum:2026-01-01T00:00:10+00:00"
+    # A worker of its own would run the schedule by the real clock: without it, just the job.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {}}
     assert run_burst() == 0
+    assert Job.objects.count() == 1
     job.refresh_from_db()
     assert (job.state, job.result) == ("done", 5)
 
