@@ -83,7 +83,8 @@ def claim(
     The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
     BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
     same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
-    database has it.
+    database has it. Jobs of paused queues are left out: the worker's `scheduler` keeps the
+    paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
     """
 
     using = dialect.using
