@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .enqueuing import enqueue
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
+    from .schedules import schedule
 
 try:
     __version__ = version("django-jobqueue")
@@ -60,6 +61,7 @@ __all__ = [
     "handler",
     "record_effect",
     "retry",
+    "schedule",
 ]
 
 # Loaded on first use: they import the models, which need the app registry, and
@@ -74,6 +76,7 @@ _LAZY = {
     "enqueue_many": "graphs",
     "graph": "graphs",
     "record_effect": "inbox",
+    "schedule": "schedules",
 }
 
 

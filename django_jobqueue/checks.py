@@ -159,3 +159,15 @@ def _sqlite_warnings(using: str) -> list[checks.CheckMessage]:
             )
         )
     return warnings
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E010: each entry of JOBQUEUE["SCHEDULES"] must be valid (handler, cron, time zone...)."""
+    from . import schedules
+
+    try:
+        conf.load()
+    except ImproperlyConfigured:
+        return []  # reported by E001
+    return [checks.Error(problem, id="django_jobqueue.E010") for problem in schedules.problems()]

@@ -35,6 +35,9 @@ class JobQueueSettings:
     prefetch: int = 128  # jobs claimed beyond free threads, while recent jobs are short
     max_args_bytes: int = 1_048_576  # largest args of one job, as JSON text
     max_result_bytes: int = 1_048_576  # largest result of one job, as JSON text
+    schedules: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> definition
+    rate_limits: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> "N/period"
+    schedule_clock: Any = None  # callable() -> aware datetime, or its dotted path (tests)
 
 
 # The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
@@ -132,6 +135,23 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             f"JOBQUEUE['DATABASE'] must be a database alias (a string), not {conf.database!r}."
         )
+    if not isinstance(conf.schedules, dict) or not all(
+        isinstance(k, str) and isinstance(v, dict) for k, v in conf.schedules.items()
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['SCHEDULES'] must map schedule names to dicts (each checked by the "
+            "system checks, django_jobqueue.E010)."
+        )
+    if not isinstance(conf.rate_limits, dict):
+        raise ImproperlyConfigured("JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
+    for group, rate in conf.rate_limits.items():
+        parse_rate(group, rate)
+    if conf.schedule_clock is not None and not (
+        callable(conf.schedule_clock) or isinstance(conf.schedule_clock, str)
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['SCHEDULE_CLOCK'] must be a callable or the dotted path of one."
+        )
     if conf.heartbeat_interval * 2 > conf.lease_ttl:
         raise ImproperlyConfigured(
             "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
@@ -145,6 +165,26 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters."
         )
+
+
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
+    """Return (starts, period in seconds) of a RATE_LIMITS entry such as "60/m"."""
+    text = rate.strip() if isinstance(rate, str) else ""
+    count, _, period = text.partition("/")
+    if (
+        not isinstance(group, str)
+        or not count.isdigit()
+        or int(count) < 1
+        or period not in RATE_PERIODS
+    ):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['RATE_LIMITS'][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
+            "a whole N >= 1 (at most N starts of the group in any window of that length)."
+        )
+    return int(count), RATE_PERIODS[period]
 
 
 _current: tuple[Any, Any, JobQueueSettings] | None = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import registry, workflows
+from . import pausing, registry, workflows
 from .claimed import ClaimedJob
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
@@ -84,13 +84,17 @@ def claim(
     The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
     BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
     same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
-    database has it.
+    database has it. Jobs of paused queues are left out: the worker's `scheduler` keeps the
+    paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
     """
 
     # Only the types this process has handlers for: a job of another release's handler waits
-    # for a worker that has it, instead of dying here (rolling deploys).
-    shape = (tuple(queues), registry.allowlist())
-    ready = _ready(dialect.using, *shape)
+    # for a worker that has it, instead of dying here (rolling deploys). Paused queues are left
+    # out too.
+    using = dialect.using
+    paused = scheduler.paused_queues(using) if scheduler else pausing.paused_queues(using)
+    shape = (tuple(queues), registry.allowlist(), paused)
+    ready = _ready(using, *shape)
     dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
     if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
         # One statement, its own transaction: no BEGIN and COMMIT round trips.
@@ -112,9 +116,12 @@ def claim(
 
 
 @functools.lru_cache(maxsize=64)
-def _ready(using: str, queues: tuple[str, ...], types: tuple[str, ...]) -> JobQuerySet:
+def _ready(
+    using: str, queues: tuple[str, ...], types: tuple[str, ...], paused: tuple[str, ...]
+) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
-    return Job.objects.using(using).ready().in_queues(queues).filter(type__in=types)
+    ready = Job.objects.using(using).ready().in_queues(queues).filter(type__in=types)
+    return ready.exclude(queue__in=paused) if paused else ready
 
 
 def finish_many(

@@ -1,4 +1,4 @@
-"""The queue's tables: Job, JobDependency and Worker."""
+"""The queue's tables: Job, JobDependency, Worker, and the state of limits, schedules, queues."""
 
 from __future__ import annotations
 
@@ -324,3 +324,62 @@ class QueueOverview(Job):
         default_permissions = ()  # Job's permissions guard these pages
         verbose_name = _("overview")
         verbose_name_plural = _("overview")
+
+
+class ScheduleState(models.Model):
+    """Where one schedule of JOBQUEUE["SCHEDULES"] stands: the last slot a worker dealt with.
+
+    A worker takes a slot by moving `last_slot` forward with an UPDATE conditioned on the value
+    it read, in the transaction that enqueues the slot's job: of workers racing for one slot,
+    exactly one changes the row, so each slot is enqueued once however many workers run.
+    """
+
+    name = models.CharField(_("schedule"), max_length=200, primary_key=True)
+    last_slot = models.DateTimeField(_("last slot"))  # enqueued or skipped
+    enqueued_slot = models.DateTimeField(_("last enqueued slot"), null=True, blank=True)
+    job_id = models.BigIntegerField(_("last job"), null=True, blank=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("schedule state")
+        verbose_name_plural = _("schedule states")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RateLimitStart(models.Model):
+    """`count` starts of jobs of a rate-limited group, claimed together at `started_at`.
+
+    Only groups in JOBQUEUE["RATE_LIMITS"] get rows, one per claim that started any of their
+    jobs; rows older than the group's window are deleted by later claims.
+    """
+
+    group_key = models.CharField(_("group"), max_length=200)
+    started_at = models.DateTimeField(_("started"))
+    count = models.IntegerField(_("starts"))
+
+    class Meta:
+        verbose_name = _("rate limit start")
+        verbose_name_plural = _("rate limit starts")
+        indexes = [
+            models.Index(fields=["group_key", "started_at"], name="jobqueue_rate_group_started")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_key} x{self.count} @ {self.started_at}"
+
+
+class QueueState(models.Model):
+    """A queue's operator state: while `paused`, workers claim none of its jobs."""
+
+    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused = models.BooleanField(_("paused"), default=False)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue state")
+        verbose_name_plural = _("queue states")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused else 'active'})"

@@ -68,6 +68,11 @@ def get(key: str) -> Handler:
         ) from None
 
 
+def key_of(func: Callable[..., Any]) -> str | None:
+    """Return the key `func` is registered under, or None."""
+    return next((h.key for h in _handlers.values() if h.func is func), None)
+
+
 def keys() -> list[str]:
     """Return the registered keys, sorted."""
     return sorted(_handlers)

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
+from . import pausing
 from .models import ConcurrencyLimit, Job, JobQuerySet
+from .ratelimits import RateLimits
 
 if TYPE_CHECKING:
     from .conf import JobQueueSettings
@@ -110,14 +112,18 @@ class Scheduler:
         self.dynamic: Callable[[str], int | None] | None = (
             import_string(dynamic) if isinstance(dynamic, str) else dynamic
         )
+        self.rate_limits = RateLimits(settings.rate_limits)
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
+        self._paused: tuple[str, ...] = ()
+        self._paused_until = 0.0
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
         """Create the lock rows of the configured limits (idempotent)."""
-        keys = [f"group:{g}" for g in self.group_limits] + [f"queue:{q}" for q in self.queue_limits]
+        keys = [f"group:{g}" for g in self._locked_groups()]
+        keys += [f"queue:{q}" for q in self.queue_limits]
         if self.dynamic is not None:
             keys.append(DYNAMIC_KEY)
         if keys:
@@ -127,8 +133,12 @@ class Scheduler:
 
     @property
     def has_limits(self) -> bool:
-        """Whether any limit applies (GROUP_LIMITS, QUEUE_LIMITS or DYNAMIC_LIMIT)."""
-        return bool(self.group_limits or self.queue_limits or self.dynamic)
+        """Whether any limit applies (GROUP_LIMITS, QUEUE_LIMITS, RATE_LIMITS, DYNAMIC_LIMIT)."""
+        return bool(self.group_limits or self.queue_limits or self.rate_limits or self.dynamic)
+
+    def _locked_groups(self) -> set[str]:
+        """The groups with a lock row: those under a concurrency or a rate limit."""
+        return {*self.group_limits, *self.rate_limits.limits}
 
     def needs_planning(self, ready: JobQuerySet) -> bool:
         """Whether this claim must go through `select()` rather than take the best jobs.
@@ -143,6 +153,15 @@ class Scheduler:
         if self.idle and time.monotonic() >= self._demand_until:
             return False
         return len(self._current_demand(ready)) > 1
+
+    def paused_queues(self, using: str) -> tuple[str, ...]:
+        """The paused queues, read at most every FAIR_SHARE_REFRESH seconds (the claim's
+        only cost of queue pause: one small read per refresh, none per claim)."""
+        now = time.monotonic()
+        if now >= self._paused_until:
+            self._paused = pausing.paused_queues(using)
+            self._paused_until = now + self.refresh
+        return self._paused
 
     def note_claimed(self, count: int) -> None:
         """Record how many jobs the last claim took (none: the worker is idle)."""
@@ -194,12 +213,24 @@ class Scheduler:
             g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
             for g in groups
         }
+        # A rate limit is one more cap on the starts: the tightest one wins.
+        rated = self.rate_limits.room(dialect, groups)
+        for group, left in rated.items():
+            room[group] = left if room[group] is None else min(left, room[group] or 0)
         queue_room = self._queue_room(jobs)
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
-        rows = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
-        return [pk for pk, _ in _trim_to_queue_room(rows, queue_room)]
+        rows = _trim_to_queue_room(
+            self._take_planned(dialect, ordered, limit, demand, in_flight, room), queue_room
+        )
+        if self.rate_limits:
+            taken: dict[str, int] = {}
+            for _, _, group in rows:
+                taken[group] = taken.get(group, 0) + 1
+            wanting = {d.group: d.ready for d in demand}
+            self.rate_limits.record(dialect, taken, rated, wanting)
+        return [pk for pk, _, _ in rows]
 
     def _take_planned(
         self,
@@ -209,8 +240,8 @@ class Scheduler:
         demand: list[GroupDemand],
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
-    ) -> list[tuple[int, str]]:
-        """Lock the jobs `plan()` gives each group; return their (id, queue) pairs.
+    ) -> list[tuple[int, str, str]]:
+        """Lock the jobs `plan()` gives each group; return their (id, queue, group) rows.
 
         The slots a group left unused are planned again.
 
@@ -218,7 +249,7 @@ class Scheduler:
         were fewer than the cached view said got its slots anyway, and nobody else did: a
         claim could come back empty while other groups had claimable jobs.
         """
-        rows: list[tuple[int, str]] = []
+        rows: list[tuple[int, str, str]] = []
         taken: dict[str, int] = {}
         short: set[str] = set()  # groups that yielded fewer rows than planned
         while len(rows) < limit:
@@ -234,7 +265,7 @@ class Scheduler:
                 got = list(
                     dialect.lock(
                         ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
-                    ).values_list("pk", "queue")[:n]
+                    ).values_list("pk", "queue", "group_key")[:n]
                 )
                 if len(got) < n:
                     short.add(group)
@@ -269,7 +300,7 @@ class Scheduler:
 
     def _lock_limits(self, dialect: Dialect, groups: list[str]) -> None:
         keys = sorted(
-            [f"group:{g}" for g in groups if g in self.group_limits]
+            [f"group:{g}" for g in groups if g in self._locked_groups()]
             + [f"queue:{q}" for q in self.queue_limits]
             # Fix: a dynamic cap is as global as GROUP_LIMITS, but no row serialized the claims
             # it governs, so two workers could both see room for the same last slot.
@@ -300,16 +331,17 @@ class Scheduler:
 
 
 def _trim_to_queue_room(
-    rows: list[tuple[int, str]], queue_room: dict[str, int]
-) -> list[tuple[int, str]]:
+    rows: list[tuple[int, str, str]], queue_room: dict[str, int]
+) -> list[tuple[int, str, str]]:
     if not queue_room:
         return rows
     left = dict(queue_room)
     kept = []
-    for pk, queue in rows:
+    for row in rows:
+        queue = row[1]
         if queue in left:
             if left[queue] <= 0:
                 continue
             left[queue] -= 1
-        kept.append((pk, queue))
+        kept.append(row)
     return kept

@@ -87,6 +87,12 @@ for _name in ("GROUP_LIMITS", "QUEUE_LIMITS"):
     _raw = os.environ.get(f"JOBQUEUE_TEST_{_name}")
     if _raw:
         JOBQUEUE[_name] = json.loads(_raw)
+for _name in ("SCHEDULES", "RATE_LIMITS"):  # as JSON, like the limits above
+    _raw = os.environ.get(f"JOBQUEUE_TEST_{_name}")
+    if _raw:
+        JOBQUEUE[_name] = json.loads(_raw)
+if os.environ.get("JOBQUEUE_TEST_CLOCK_FILE"):  # a simulated clock for the schedules
+    JOBQUEUE["SCHEDULE_CLOCK"] = "tests.testapp.clock.now"
 if os.environ.get("JOBQUEUE_TEST_DYNAMIC_LIMIT"):  # the dotted path of a DYNAMIC_LIMIT hook
     JOBQUEUE["DYNAMIC_LIMIT"] = os.environ["JOBQUEUE_TEST_DYNAMIC_LIMIT"]
 TASKS = {

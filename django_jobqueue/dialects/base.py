@@ -113,6 +113,23 @@ class Dialect:
         conn.ensure_connection()
         return f"{conn.display_name} {'.'.join(map(str, conn.get_database_version()))}"
 
+    def now(self) -> dt.datetime:
+        """Return the database server's current time (aware, UTC), read at this instant."""
+        sql, params = self.clock_sql()
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sql}", params)
+            value: Any = cursor.fetchone()[0]
+        if isinstance(value, str):  # SQLite returns its clock as text
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see W003)
+            value = value.replace(tzinfo=dt.UTC)
+        moment: dt.datetime = value.astimezone(dt.UTC)
+        return moment
+
+    def clock_sql(self) -> tuple[str, list[Any]]:
+        """The SQL of the server's clock at the moment a statement runs."""
+        return self.compile(DbNow())
+
     # -- locks and transactions ------------------------------------------------------------
 
     def lock(self, queryset: QuerySet[M]) -> QuerySet[M]:

@@ -42,6 +42,11 @@ class PostgreSQLDialect(Dialect):
             with conn.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
+    def clock_sql(self) -> tuple[str, list[Any]]:
+        # now() is the time the transaction began; a transaction that waited for a lock
+        # must see the time it reads the clock.
+        return "CLOCK_TIMESTAMP()", []
+
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__
         # psycopg 3 names it sqlstate, psycopg2 pgcode.

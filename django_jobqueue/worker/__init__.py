@@ -6,6 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
+- the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
 - the listener (`listener`, PostgreSQL): push wake-up.
 
 Each duty but the dispatcher runs on its own thread with its own database connection.
@@ -26,7 +27,7 @@ from types import FrameType
 from django.db import DatabaseError, InterfaceError
 
 from .. import conf as conf_module
-from .. import execution, leases, wake
+from .. import execution, leases, schedules, wake
 from ..dialects import get_dialect
 from ..execution import InFlight
 from ..scheduling import Scheduler
@@ -39,6 +40,7 @@ from .heartbeat import Heartbeat
 from .listener import Listener
 from .promoter import Promoter
 from .reclaimer import Reclaimer
+from .scheduler import ScheduleRunner
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ class JobWorker:
         self.worker_id = opts.worker_id or default_worker_id()
         self.dialect = get_dialect(conf.database)
         self.scheduler = Scheduler(conf)
+        self.schedules = schedules.configured()  # ImproperlyConfigured before any start
         self.flights = Flights()
         self.exit_code = EXIT_OK
         self._signals = 0
@@ -210,6 +213,17 @@ class JobWorker:
             healthy_for=heartbeat.healthy_for,
         )
         duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
+        if self.schedules:
+            duties.append(
+                ScheduleRunner(
+                    dialect,
+                    schedules=self.schedules,
+                    clock=schedules.clock(dialect),
+                    # A test clock may run faster than time: look at it every poll.
+                    interval=self.poll_interval if conf.schedule_clock else 60.0,
+                    lock_timeout=lock_timeout,
+                )
+            )
         if dialect.supports_listen_notify:
             duties.append(
                 Listener(
