@@ -6,6 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
+- the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
 - the listener (`listener`, PostgreSQL): push wake-up.
 
 Each duty but the dispatcher runs on its own thread with its own database connection.
@@ -37,6 +38,7 @@ from .flights import Flights
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .promoter import Promoter
+from .pruner import Pruner
 from .reclaimer import Reclaimer
 
 logger = logging.getLogger(__name__)
@@ -181,6 +183,8 @@ class JobWorker:
             healthy_for=heartbeat.healthy_for,
         )
         duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
+        if ages := conf.retention_ages():
+            duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
             duties.append(
                 Listener(
