@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, validation, wake, workflows
+from . import conf, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
     BAD_UPSTREAM,
@@ -185,6 +185,9 @@ class Graph:
                     workflows.roll_up(dialect, int(box.pk), finished=0)
             for queue in {n.job.queue for n in self._nodes}:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
+            if signals.job_enqueued.receivers:
+                saved = [n.job for n in self._nodes]
+                transaction.on_commit(lambda: signals.send_enqueued(saved), using=using)
 
         if connections[using].in_atomic_block:
             with transaction.atomic(using=using):  # a savepoint: a bad reference leaves the

@@ -24,7 +24,7 @@ from .. import leases
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..exceptions import ResultNotStored
-from ..execution import Outcome, error_info, failure_plan, log_outcome
+from ..execution import Outcome, error_info, failure_plan, log_outcome, send_outcome_signals
 from ..execution import logger as execution_logger
 from .duty import Duty
 from .flights import Flights
@@ -188,6 +188,7 @@ class Completer(Duty):
     def _recorded(self, outcome: Outcome, state: str | None, *, logged: bool = False) -> None:
         if not logged and (state is None or execution_logger.isEnabledFor(logging.DEBUG)):
             log_outcome(outcome, state)
+        send_outcome_signals(outcome, state)  # committed: receivers see what they are told
         outcome.flight.recorded = True
         if self.flights.remove(outcome.flight) and self.on_empty is not None:
             self.on_empty()

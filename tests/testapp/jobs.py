@@ -111,3 +111,4 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
 
 
 from . import workflow_jobs  # noqa: E402, F401 - registers the workflow handlers
+from . import signal_log  # noqa: E402, F401 - signal receivers, when the environment asks
