@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from io import StringIO
 from typing import Any
@@ -16,6 +17,7 @@ from django.utils import timezone
 from django_jobqueue import conf, pruning
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job, JobDependency
+from tests.conftest import poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FINAL = Job.TERMINAL_STATES
@@ -201,3 +203,33 @@ def test_parse_age_units():
     assert conf.parse_age("1.5h") == dt.timedelta(minutes=90)
     assert conf.parse_age("7d") == dt.timedelta(days=7)
     assert conf.parse_age(3600) == dt.timedelta(hours=1)
+
+
+def test_workers_apply_retention(start_worker):
+    old = [make(Job.State.DONE, days=3) for _ in range(5)]
+    needed = make(Job.State.DONE, days=3)
+    waiting = make(Job.State.WAITING, depends_on=(needed,))
+    old_dead = make(Job.State.DEAD, days=3)
+    young = make(Job.State.DONE, days=0.5)
+    retention = {"done": "2d", "cancelled": "2d", "dead": None}
+    worker = start_worker(env={"JOBQUEUE_TEST_RETENTION": json.dumps(retention)})
+    worker.wait_registered()
+    poll(lambda: alive(*old) == [False] * 5, timeout=60)
+    assert alive(needed, waiting, old_dead, young) == [True] * 4
+    assert worker.stop() == 0, worker.output()
+    assert "Pruned 5 done job(s)" in worker.output()
+
+
+def test_pruner_duty_deletes_one_bounded_batch_per_tick():
+    from django_jobqueue.worker.pruner import BUSY_INTERVAL, Pruner
+
+    for _ in range(5):
+        make(Job.State.DONE, days=3)
+    pruner = Pruner(
+        get_dialect("default"), ages={"done": dt.timedelta(days=1)}, lock_timeout=5, batch_size=2
+    )
+    assert pruner.tick() == BUSY_INTERVAL
+    assert Job.objects.count() == 3
+    assert pruner.tick() == BUSY_INTERVAL
+    assert pruner.tick() > BUSY_INTERVAL  # the pass ended: back to the slow pace
+    assert Job.objects.count() == 0

@@ -110,5 +110,7 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
     return sum(v for v in ctx.upstream_results.values() if isinstance(v, int))
 
 
-from . import workflow_jobs  # noqa: E402, F401 - registers the workflow handlers
-from . import signal_log  # noqa: E402, F401 - signal receivers, when the environment asks
+from . import (  # noqa: E402
+    signal_log,  # noqa: F401 - signal receivers, when the environment asks
+    workflow_jobs,  # noqa: F401 - registers the workflow handlers
+)
