@@ -48,7 +48,10 @@ class Cursor:
     def q(self) -> Q:
         if self.finished_at is None:
             return Q()
-        return Q(finished_at__gt=self.finished_at) | Q(finished_at=self.finished_at, pk__gt=self.pk)
+        # The plain `>=` lets the index scan start at the cursor; the OR alone would not.
+        return Q(finished_at__gte=self.finished_at) & (
+            Q(finished_at__gt=self.finished_at) | Q(pk__gt=self.pk)
+        )
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from django_jobqueue import conf, pruning
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job, JobDependency
 from tests.conftest import poll
+from tests.test_explain import analyze, explain_sql, job_statements, statements_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FINAL = Job.TERMINAL_STATES
@@ -233,3 +234,90 @@ def test_pruner_duty_deletes_one_bounded_batch_per_tick():
     assert pruner.tick() == BUSY_INTERVAL
     assert pruner.tick() > BUSY_INTERVAL  # the pass ended: back to the slow pace
     assert Job.objects.count() == 0
+
+
+def test_prune_batches_read_the_state_finished_index():
+    """Each batch's candidates come from the (state, finished_at) index, also past a cursor."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(type="test.noop", state=state, finished_at=now - dt.timedelta(seconds=i))
+            for i in range(3000)
+            for state in (Job.State.DONE, Job.State.DEAD)
+        ),
+        batch_size=500,
+    )
+    Job.objects.bulk_create(Job(type="test.noop", state=Job.State.READY) for _ in range(50))
+    analyze()
+    dialect = get_dialect("default")
+    cursor = pruning.Cursor()
+
+    def batch() -> None:
+        pruning.prune_batch(
+            dialect,
+            state="done",
+            older_than=dt.timedelta(seconds=100),
+            cursor=cursor,
+            batch_size=100,
+        )
+
+    for _ in range(2):  # the first batch, then one that starts at the cursor
+        statements = statements_of(batch)
+        [select] = [s for s in job_statements(statements, "SELECT") if "ORDER BY" in s]
+        used, _, plan = explain_sql(select)
+        assert "jobqueue_job_state_finished" in used, plan
+    assert cursor.finished_at is not None
+
+
+@pytest.mark.skipif(
+    not get_dialect("default").has_select_for_update_skip_locked,
+    reason="SQLite serializes writers: there is no row lock to skip",
+)
+def test_a_row_locked_elsewhere_is_skipped_not_waited_for():
+    import threading
+
+    from django.db import connections, transaction
+
+    held, kept = make(Job.State.DONE), make(Job.State.DONE)
+    others = [make(Job.State.DONE) for _ in range(3)]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk=held.pk))
+                locked.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        out = prune("--older-than", "1d")
+    finally:
+        release.set()
+        thread.join(60)
+    assert alive(held, kept, *others) == [True, False, False, False, False]
+    assert "Deleted 4 job(s)" in out
+
+
+def test_prune_and_stats_use_the_queue_database(tmp_path, settings):
+    from tests.extra_databases import sqlite_alias
+
+    with sqlite_alias("queue", tmp_path / "queue.sqlite3", migrate=True):
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "DATABASE": "queue"}
+        finished = timezone.now() - dt.timedelta(days=3)
+        Job.objects.using("queue").create(
+            type="test.noop", state="done", finished_at=finished, unique_slot=None
+        )
+        Job.objects.using("queue").create(type="test.noop", state="ready")
+        here = make(Job.State.DONE, days=3)  # on "default": not the queue's
+        out = StringIO()
+        call_command("jobqueue_stats", "--json", stdout=out)
+        assert json.loads(out.getvalue())["states"]["done"] == 1
+        assert json.loads(out.getvalue())["states"]["ready"] == 1
+        assert "Deleted 1 job(s)" in prune("--older-than", "1d")
+        assert not Job.objects.using("queue").filter(state="done").exists()
+        assert alive(here) == [True]

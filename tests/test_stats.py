@@ -177,3 +177,41 @@ def test_text_output_and_watch_redraws():
 def test_bad_options(args):
     with pytest.raises(CommandError):
         call_command("jobqueue_stats", *args, stdout=StringIO())
+
+
+def test_workers_of_several_hosts_are_counted_and_serve_their_queues(start_worker):
+    first = start_worker("--worker-id", "host-a:1", "--queue", "mail")
+    second = start_worker("--worker-id", "host-b:1")
+    first.wait_registered()
+    second.wait_registered()
+    figures = stats_json()
+    assert figures["workers"] == {"live": 2, "stale": 0}
+    assert second.stop() == 0
+    make("ready", queue="reports")
+    figures = stats_json()
+    assert figures["workers"]["live"] == 1
+    assert figures["unserved_queues"] == {"reports": 1}
+    assert first.stop() == 0
+
+
+def test_watch_with_json_prints_one_object_per_line():
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "JOBQUEUE_TEST_SUBPROCESS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "jobqueue_stats", "--watch", "0.2", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=4)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    lines = [line for line in output.splitlines() if line]
+    assert len(lines) >= 2
+    assert all(json.loads(line)["states"]["ready"] == 0 for line in lines)

@@ -88,7 +88,8 @@ class Command(BaseCommand):
         try:
             while True:
                 figures = snapshot()
-                self.stdout.write(CLEAR, ending="")
+                if not options["json"]:  # JSON: one object per line, for a pipe
+                    self.stdout.write(CLEAR, ending="")
                 self._show(figures, as_json=options["json"])
                 self.stdout.flush()
                 time.sleep(watch)
