@@ -99,16 +99,14 @@ def test_empty_queue_has_every_state_at_zero_and_is_healthy():
     assert figures["problems"] == []
 
 
+ENV = {"DJANGO_SETTINGS_MODULE": "tests.settings", "JOBQUEUE_TEST_SUBPROCESS": "1"}
+
+
 def run_check(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "JOBQUEUE_TEST_SUBPROCESS": "1",
-    }
     return subprocess.run(
         [sys.executable, "-m", "django", "jobqueue_stats", "--check", *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **ENV},
         capture_output=True,
         text=True,
         timeout=120,
@@ -143,23 +141,7 @@ def test_text_output_and_watch_redraws():
     call_command("jobqueue_stats", stdout=out)
     text = out.getvalue()
     assert "ready" in text and "UNHEALTHY" in text
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "JOBQUEUE_TEST_SUBPROCESS": "1",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "jobqueue_stats", "--watch", "0.2"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=4)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        output, _ = proc.communicate(timeout=30)
+    output = watch_for_a_while("--watch", "0.2")
     assert output.count("\x1b[H\x1b[2J") >= 2  # drawn more than once, in place
 
 
@@ -194,16 +176,12 @@ def test_workers_of_several_hosts_are_counted_and_serve_their_queues(start_worke
     assert first.stop() == 0
 
 
-def test_watch_with_json_prints_one_object_per_line():
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "JOBQUEUE_TEST_SUBPROCESS": "1",
-    }
+def watch_for_a_while(*args: str) -> str:
+    """Run jobqueue_stats with `args` for a few seconds; return what it printed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "jobqueue_stats", "--watch", "0.2", "--json"],
+        [sys.executable, "-m", "django", "jobqueue_stats", *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **ENV},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -212,6 +190,11 @@ def test_watch_with_json_prints_one_object_per_line():
     except subprocess.TimeoutExpired:
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
+    return output
+
+
+def test_watch_with_json_prints_one_object_per_line():
+    output = watch_for_a_while("--watch", "0.2", "--json")
     lines = [line for line in output.splitlines() if line]
     assert len(lines) >= 2
     assert all(json.loads(line)["states"]["ready"] == 0 for line in lines)
