@@ -81,12 +81,14 @@ def prune_batch(
     same rows, deletes nothing, and takes no write lock.
     """
 
+    after = cursor.q()  # read once: a retried transaction starts from the same place
+    last: list[Any] = []
+
     def txn() -> Batch:
         batch = Batch(state)
+        last.clear()
         jobs = Job.objects.using(dialect.using)
-        candidates = jobs.filter(state=state, finished_at__lt=DbNow() - older_than).filter(
-            cursor.q()
-        )
+        candidates = jobs.filter(state=state, finished_at__lt=DbNow() - older_than).filter(after)
         read: QuerySet[Job] = candidates.order_by("finished_at", "pk")
         if not dry_run:
             read = dialect.lock(read)
@@ -95,7 +97,7 @@ def prune_batch(
         batch.done = len(rows) < batch_size
         if not rows:
             return batch
-        cursor.finished_at, cursor.pk = rows[-1][1], rows[-1][0]
+        last[:] = [rows[-1][1], rows[-1][0]]
         ids = [row[0] for row in rows]
         feeding, open_parents = _needed(dialect, ids, {r[2] for r in rows if r[2] is not None})
         keep = {pk for pk, _, parent_id, _ in rows if pk in feeding or parent_id in open_parents}
@@ -111,9 +113,10 @@ def prune_batch(
             delete_jobs(dialect, going, containers={pk for pk, _, _, box in rows if box})
         return batch
 
-    if dry_run:
-        return txn()
-    return dialect.run_in_transaction(txn)
+    batch = txn() if dry_run else dialect.run_in_transaction(txn)
+    if last:
+        cursor.finished_at, cursor.pk = last
+    return batch
 
 
 def _needed(dialect: Dialect, ids: list[int], parent_ids: set[int]) -> tuple[set[int], set[int]]:

@@ -47,7 +47,12 @@ def send(signal: Signal, **kwargs: Any) -> None:
     """Send `signal` from the Job model to every receiver, logging receivers that raise."""
     from .models import Job
 
-    for receiver, response in signal.send_robust(Job, **kwargs):
+    try:
+        responses = signal.send_robust(Job, **kwargs)
+    except BaseException:  # SystemExit and the like, which send_robust lets through
+        logger.exception("A receiver of %s raised", _name(signal))
+        return
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "Receiver %r of %s raised: %s",

@@ -132,3 +132,17 @@ def test_a_raising_receiver_never_stops_the_worker(start_worker, tmp_path):
     output = worker.output()
     assert "a receiver that raises" in output
     assert len([e for e in read_log(log) if e["signal"] == "finished"]) == 5
+
+
+def test_a_receiver_raising_system_exit_is_logged_too(caplog):
+    def leave(sender: Any, **kwargs: Any) -> None:
+        raise SystemExit(3)
+
+    signals.job_enqueued.connect(leave)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_jobqueue.signals"):
+            job = jobqueue.enqueue("test.noop")
+    finally:
+        signals.job_enqueued.disconnect(leave)
+    assert job.pk is not None
+    assert "A receiver of job_enqueued raised" in caplog.text
