@@ -198,3 +198,35 @@ def test_watch_with_json_prints_one_object_per_line():
     lines = [line for line in output.splitlines() if line]
     assert len(lines) >= 2
     assert all(json.loads(line)["states"]["ready"] == 0 for line in lines)
+
+
+def test_lease_and_throughput_figures_read_their_indexes():
+    """The lease counts read the lease index, the recent finishes the (state, finished_at) one."""
+    from django.db import connection
+
+    from django_jobqueue import conf, stats
+    from django_jobqueue.dialects import get_dialect
+    from tests.test_explain import analyze, explain_sql, statements_of
+
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(type="test.noop", state="done", finished_at=now - dt.timedelta(minutes=i))
+            for i in range(3000)
+        ),
+        batch_size=500,
+    )
+    Job.objects.bulk_create(Job(type="test.noop", state="ready") for _ in range(50))
+    analyze()
+    settings = conf.get()
+    statements = statements_of(
+        lambda: stats.collect(get_dialect("default"), lease_ttl=settings.lease_ttl)
+    )
+    column = connection.ops.quote_name("finished_at")
+    [recent] = [s for s in statements if f"{column} >=" in s]
+    used, _, plan = explain_sql(recent)
+    assert "jobqueue_job_state_finished" in used, plan
+    lease = connection.ops.quote_name("lease_expires")
+    [leases] = [s for s in statements if f"{lease} IS NOT NULL" in s]
+    used, _, plan = explain_sql(leases)
+    assert "jobqueue_job_lease_expires" in used, plan
