@@ -229,7 +229,8 @@ def send_outcome_signals(outcome: Outcome, state: str | None) -> None:
     if outcome.error is None:
         if signals.job_finished.receivers:
             kwargs = about(outcome.flight, outcome.duration)
-            signals.send(signals.job_finished, **kwargs, state=state, result=outcome.result)
+            result = outcome.result if state == "done" else None  # a cancelled one's is dropped
+            signals.send(signals.job_finished, **kwargs, state=state, result=result)
         return
     if signals.job_failed.receivers:
         kwargs = about(outcome.flight, outcome.duration)

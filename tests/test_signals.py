@@ -146,3 +146,19 @@ def test_a_receiver_raising_system_exit_is_logged_too(caplog):
         signals.job_enqueued.disconnect(leave)
     assert job.pk is not None
     assert "A receiver of job_enqueued raised" in caplog.text
+
+
+def test_a_job_cancelled_while_running_finishes_cancelled_without_result(start_worker, tmp_path):
+    log = tmp_path / "signals.jsonl"
+    job = jobqueue.enqueue("wf.until_cancelled")
+    worker = start_worker(env={"JOBQUEUE_TEST_SIGNAL_LOG": str(log)})
+    wait_for_job(job.pk, "running")
+    assert jobqueue.cancel(job.pk)
+    wait_for_job(job.pk, "cancelled")
+    assert worker.stop() == 0, worker.output()
+    [finished] = [e for e in read_log(log) if e["signal"] == "finished"]
+    assert (finished["job_id"], finished["state"], finished["result"]) == (
+        job.pk,
+        "cancelled",
+        None,
+    )
