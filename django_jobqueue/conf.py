@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
+import re
 from typing import Any
 
 from django.conf import settings
@@ -38,6 +40,34 @@ class JobQueueSettings:
     schedules: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> definition
     rate_limits: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> "N/period"
     schedule_clock: Any = None  # callable() -> aware datetime, or its dotted path (tests)
+    # final state -> age ("7d", seconds, a timedelta) after which workers delete such jobs;
+    # a state left out, or None, is kept forever
+    retention: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def retention_ages(self) -> dict[str, dt.timedelta]:
+        """The states RETENTION prunes, with their ages."""
+        return {s: parse_age(a) for s, a in self.retention.items() if a is not None}
+
+
+FINAL_STATES = ("done", "cancelled", "dead")  # Job.TERMINAL_STATES (no model import here)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_MAX_AGE = 100 * 365 * 86400
+
+
+def parse_age(value: str | float | dt.timedelta) -> dt.timedelta:
+    """Return an age given as "7d" (a number and s, m, h or d), seconds, or a timedelta."""
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _AGE.match(value)):
+        seconds = float(match[1]) * _UNITS[match[2]]
+    else:
+        raise ValueError(f"{value!r} is not an age: give a number and a unit, s, m, h or d (7d).")
+    if not 0 <= seconds <= _MAX_AGE:
+        raise ValueError(f"{value!r} is not an age between 0 and 100 years.")
+    return dt.timedelta(seconds=seconds)
 
 
 # The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
@@ -152,6 +182,7 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             "JOBQUEUE['SCHEDULE_CLOCK'] must be a callable or the dotted path of one."
         )
+    _validate_retention(conf.retention)
     if conf.heartbeat_interval * 2 > conf.lease_ttl:
         raise ImproperlyConfigured(
             "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
@@ -185,6 +216,24 @@ def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
             "a whole N >= 1 (at most N starts of the group in any window of that length)."
         )
     return int(count), RATE_PERIODS[period]
+
+
+def _validate_retention(retention: Any) -> None:
+    if not isinstance(retention, dict):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['RETENTION'] must map final states (done, cancelled, dead) to ages."
+        )
+    for state, age in retention.items():
+        if state not in FINAL_STATES:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE['RETENTION'] names {state!r}, which is not a final state "
+                f"({', '.join(FINAL_STATES)})."
+            )
+        if age is not None:
+            try:
+                parse_age(age)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"JOBQUEUE['RETENTION'][{state!r}]: {exc}") from None
 
 
 _current: tuple[Any, Any, JobQueueSettings] | None = None

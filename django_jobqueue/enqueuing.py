@@ -11,7 +11,7 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from . import conf, registry, validation, wake, workflows
+from . import conf, registry, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
@@ -213,6 +213,8 @@ def _write(
     if isinstance(delay, dt.timedelta):
         job.refresh_from_db(using=using, fields=["run_after"])
     transaction.on_commit(lambda: wake.notify(using, job.queue), using=using)
+    if signals.job_enqueued.receivers:
+        transaction.on_commit(lambda: signals.send_enqueued([job]), using=using)
     return job
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import leases, registry, validation, wake
+from . import leases, registry, signals, validation, wake
 from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
@@ -128,7 +128,12 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
     if flight.deadline is not None:
         wake.wake_up()  # the dispatcher times it out: it must know the deadline now
     if logger.isEnabledFor(logging.DEBUG):  # per-job lines only at -v 2: they cost throughput
-        logger.debug("Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt)
+        logger.debug(
+            "Job id=%s type=%s attempt=%s started", job.pk, job.type, lease.attempt,
+            extra=log_extra(flight),
+        )  # fmt: skip
+    if signals.job_started.receivers:  # nothing to build when no one listens
+        signals.send(signals.job_started, **about(flight))
     try:
         try:
             result = _call(dialect, conf, flight)
@@ -177,20 +182,70 @@ def failure_plan(outcome: Outcome, conf: JobQueueSettings) -> dict[str, Any]:
     return plan
 
 
+def about(flight: InFlight, duration: float | None = None) -> dict[str, Any]:
+    """The keyword arguments every attempt signal passes (see `signals`)."""
+    job = flight.job
+    return {
+        "job_id": job.id,
+        "job_type": job.type,
+        "queue": job.queue,
+        "group": job.group_key,
+        "attempt": flight.lease.attempt,
+        "worker_id": flight.lease.owner,
+        "duration": duration,
+    }
+
+
+def log_extra(
+    flight: InFlight, duration: float | None = None, state: str | None = None
+) -> dict[str, Any]:
+    """Fields for a log record about an attempt, for JSON formatters (`extra=`)."""
+    job = flight.job
+    return {
+        "job_id": job.id,
+        "job_type": job.type,
+        "attempt": flight.lease.attempt,
+        "queue": job.queue,
+        "group": job.group_key,
+        "duration": duration,
+        "job_state": state,
+    }
+
+
+def send_outcome_signals(outcome: Outcome, state: str | None) -> None:
+    """Send job_finished, or job_failed (and job_dead), for a recorded outcome."""
+    if state is None:
+        return  # the lease was lost: another worker owns the job's fate
+    if outcome.error is None:
+        if signals.job_finished.receivers:
+            kwargs = about(outcome.flight, outcome.duration)
+            result = outcome.result if state == "done" else None  # a cancelled one's is dropped
+            signals.send(signals.job_finished, **kwargs, state=state, result=result)
+        return
+    if signals.job_failed.receivers:
+        kwargs = about(outcome.flight, outcome.duration)
+        signals.send(signals.job_failed, **kwargs, error=outcome.error, state=state)
+    if state == "dead" and signals.job_dead.receivers:
+        signals.send(
+            signals.job_dead, **about(outcome.flight, outcome.duration), error=outcome.error
+        )
+
+
 def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None = None) -> None:
     """Log what became of an attempt."""
     flight = outcome.flight
     job, lease = flight.job, flight.lease
+    extra = log_extra(flight, outcome.duration, state)
     if state is None:
         logger.warning(
             "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
-            job.pk, job.type, lease.attempt,
+            job.pk, job.type, lease.attempt, extra=extra,
         )  # fmt: skip
         return
     if outcome.error is None:
         logger.debug(
             "Job id=%s type=%s attempt=%s %s in %.3fs",
-            job.pk, job.type, lease.attempt, state, outcome.duration,
+            job.pk, job.type, lease.attempt, state, outcome.duration, extra=extra,
         )  # fmt: skip
         return
     exc = outcome.error
@@ -206,7 +261,7 @@ def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None
         logging.ERROR if state == "dead" else logging.WARNING,
         "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s.%s: %s",
         job.pk, job.type, lease.attempt, verb.get(state, state), outcome.duration, when,
-        cls.__module__, cls.__qualname__, exc,
+        cls.__module__, cls.__qualname__, exc, extra=extra,
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, validation, wake, workflows
+from . import conf, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
     BAD_UPSTREAM,
@@ -190,6 +190,9 @@ class Graph:
                     workflows.roll_up(dialect, int(box.pk), finished=0)
             for queue in {n.job.queue for n in self._nodes}:
                 transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
+            if signals.job_enqueued.receivers:
+                saved = [n.job for n in self._nodes]
+                transaction.on_commit(lambda: signals.send_enqueued(saved), using=using)
 
         # A savepoint in the caller's transaction (a bad reference leaves it usable); in its
         # own, retried whole (fix: workers lock the same rows in other orders, so the database
@@ -350,6 +353,8 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
         _bulk_insert(using, jobs)
         for queue in {job.queue for job in jobs}:
             transaction.on_commit(lambda q=queue: wake.notify(using, q), using=using)  # type: ignore[misc]
+        if signals.job_enqueued.receivers:
+            transaction.on_commit(lambda: signals.send_enqueued(jobs), using=using)
 
     if jobs:
         get_dialect(using).run_in_caller_transaction(txn)

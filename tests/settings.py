@@ -112,3 +112,6 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
     "loggers": {"django_jobqueue": {"handlers": ["stderr"], "level": "INFO"}},
 }
+# JOBQUEUE["RETENTION"] for worker subprocesses, as JSON (tests of the pruner duty).
+if os.environ.get("JOBQUEUE_TEST_RETENTION"):
+    JOBQUEUE["RETENTION"] = json.loads(os.environ["JOBQUEUE_TEST_RETENTION"])

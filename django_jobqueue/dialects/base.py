@@ -249,6 +249,12 @@ class Dialect:
     def drop_notify_trigger(self, schema_editor: Any, table: str) -> None:
         """Undo create_notify_trigger()."""
 
+    # -- maintenance -------------------------------------------------------------------------
+
+    def storage_tuning(self) -> list[str]:
+        """Statements that tune the queue tables' storage for their churn (none by default)."""
+        return []
+
     # -- SQL building blocks -----------------------------------------------------------------
 
     def compile(self, expression: Any) -> tuple[str, list[Any]]:

@@ -7,6 +7,7 @@
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
 - the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
+- the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
 - the listener (`listener`, PostgreSQL): push wake-up.
 
 Each duty but the dispatcher runs on its own thread with its own database connection.
@@ -39,6 +40,7 @@ from .flights import Flights
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .promoter import Promoter
+from .pruner import Pruner
 from .reclaimer import Reclaimer
 from .scheduler import ScheduleRunner
 
@@ -224,6 +226,8 @@ class JobWorker:
                     lock_timeout=lock_timeout,
                 )
             )
+        if ages := conf.retention_ages():
+            duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
             duties.append(
                 Listener(

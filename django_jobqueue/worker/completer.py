@@ -25,7 +25,7 @@ from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import error_info
 from ..exceptions import ResultNotStored
-from ..execution import Outcome, failure_plan, log_outcome
+from ..execution import Outcome, failure_plan, log_outcome, send_outcome_signals
 from ..execution import logger as execution_logger
 from .duty import Duty
 from .flights import Flights
@@ -189,6 +189,7 @@ class Completer(Duty):
     def _recorded(self, outcome: Outcome, state: str | None, *, logged: bool = False) -> None:
         if not logged and (state is None or execution_logger.isEnabledFor(logging.DEBUG)):
             log_outcome(outcome, state)
+        send_outcome_signals(outcome, state)  # committed: receivers see what they are told
         outcome.flight.recorded = True
         if self.flights.remove(outcome.flight) and self.on_empty is not None:
             self.on_empty()

@@ -18,14 +18,16 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from django.db.models import QuerySet
 
-from .. import workflows
+from .. import signals, workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
 from ..error_records import with_error
+from ..exceptions import LeaseExpired
 from ..leases import backoff_seconds
 from ..models import Job, Worker
 from .duty import Duty
@@ -59,7 +61,10 @@ def reclaim_expired(
     (job id, new state) pairs.
     """
 
+    failed: list[tuple[Any, ...]] = []  # (row, state) of attempts ended here, for signals
+
     def txn() -> list[tuple[int, str]]:
+        failed.clear()  # a retried transaction starts over
         jobs = Job.objects.using(dialect.using)
         expired = list(
             dialect.lock(jobs.expired().order_by("lease_expires", "pk")).values_list(
@@ -71,13 +76,17 @@ def reclaim_expired(
                 "cancel_requested",
                 "errors",
                 "has_dependents",
+                "type",
+                "queue",
+                "group_key",
             )[:batch]
         )
         if not expired:
             return []
         owners = _owners(dialect, {str(row[3]) for row in expired})
         moved: list[tuple[int, str]] = []
-        for pk, attempts, max_attempts, owner, parent_id, cancel, errors, deps in expired:
+        for row in expired:
+            pk, attempts, max_attempts, owner, parent_id, cancel, errors, deps = row[:8]
             who = owners.get(str(owner))
             if who is not None and who.alive and pk in who.job_ids:
                 # Alive and holding it: its lease row only missed renewals.
@@ -112,11 +121,21 @@ def reclaim_expired(
                     updated_at=DbNow(),
                 )
             moved.append((pk, str(state)))
+            failed.append((row, str(state)))
         return moved
 
     moved = dialect.run_in_transaction(txn)
     for pk, state in moved:
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
+    if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
+        for row, state in failed:
+            pk, attempts, _, owner, *_, job_type, queue, group = row
+            exc = LeaseExpired(f"lease of worker {owner} expired during attempt {attempts}")
+            about = {"job_id": pk, "job_type": job_type, "queue": queue, "group": group,
+                     "attempt": attempts, "worker_id": owner, "duration": None}  # fmt: skip
+            signals.send(signals.job_failed, **about, error=exc, state=state)
+            if state == Job.State.DEAD:
+                signals.send(signals.job_dead, **about, error=exc)
     return moved
 
 

@@ -110,7 +110,12 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
     return sum(v for v in ctx.upstream_results.values() if isinstance(v, int))
 
 
-from . import admin_jobs, chaos_jobs, workflow_jobs  # noqa: E402, F401 - registers their handlers
+from . import (  # noqa: E402
+    admin_jobs,  # noqa: F401 - registers the admin tests' handlers
+    chaos_jobs,  # noqa: F401 - registers the chaos suite's handlers
+    signal_log,  # noqa: F401 - signal receivers, when the environment asks
+    workflow_jobs,  # noqa: F401 - registers the workflow handlers
+)
 
 
 @jobqueue.handler("test.unstorable_result")
