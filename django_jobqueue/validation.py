@@ -15,6 +15,7 @@ from .exceptions import InvalidArgumentsError, InvalidJobError
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 ID_MAX = 2**63 - 1  # job ids are 64-bit
+FLOAT_EXACT = 1e16  # floats from here on are written with an exponent (see _first_unserializable)
 # run_after must lie in this range (UTC): every database stores it, and a date near the ends
 # of Python's range cannot overflow when converted between time zones.
 RUN_AFTER_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
@@ -86,7 +87,16 @@ def _first_unserializable(value: Any, path: str) -> str | None:
         # json.dumps would raise ValueError past sys.get_int_max_str_digits() (4,300 digits).
         return f"{path} is an integer too long to store" if value.bit_length() > 14_000 else None
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} is {value!r} (not valid JSON)"
+        if not math.isfinite(value):
+            return f"{path} is {value!r} (not valid JSON)"
+        if abs(value) >= FLOAT_EXACT:
+            # PostgreSQL's jsonb keeps numbers as decimals and prints them without an exponent:
+            # 3.602879701896397e+16 would come back as the int 36028797018963970.
+            return (
+                f"{path} is {value!r}: floats of 1e16 or more do not come back equal from "
+                "every database; pass an int or a string"
+            )
+        return None
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
             found = _first_unserializable(item, f"{path}[{i}]")

@@ -51,6 +51,7 @@ BAD_ENQUEUES = [
     ("naive", {"run_after": dt.datetime(2030, 1, 1)}, InvalidJobError),
     ("int-5000-digits", {"args": {"n": 10**5000}}, InvalidArgumentsError),
     ("args-too-big", {"args": {"s": "x" * 1_100_000}}, InvalidArgumentsError),
+    ("float-2**55", {"args": {"f": 3.602879701896397e16}}, InvalidArgumentsError),
     ("max_attempts-huge", {"max_attempts": 2**40}, InvalidJobError),
     ("depends_on-huge-id", {"depends_on": [2**70]}, InvalidDependencyError),
 ]

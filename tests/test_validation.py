@@ -435,7 +435,7 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**53), max_value=2**53)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: abs(f) < 1e16)
     | texts,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
     max_leaves=12,
