@@ -263,12 +263,16 @@ class JobWorker:
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and finish (what the first SIGTERM does)."""
-        # Fix: a signal during start-up (before the dispatcher exists) was dropped, and the
-        # worker ran until a second one; run() stops the dispatcher it creates after this.
+        self._request_stop()
+        wake.wake_up()
+
+    def _request_stop(self) -> None:
+        # Plain attribute writes, no locks: safe in a signal handler. Fix: a signal during
+        # start-up (before the dispatcher exists) was dropped, and the worker ran until a
+        # second one; run() stops the dispatcher it creates after this.
         self._stop_requested = True
         if self.dispatcher is not None:
-            self.dispatcher.stop()
-        wake.wake_up()
+            self.dispatcher.stopping = True
 
     def _on_idle(self, load: int) -> None:
         # Only when the load falls to the dispatcher's low-water mark: waking it for every
@@ -295,7 +299,12 @@ class JobWorker:
                 os.write(2, b"jobqueue worker: second signal, exiting at once\n")
                 os._exit(128 + signum)
             logger.info("Signal %s: finishing in-flight jobs, then stopping", signum)
-            self.stop()
+            # Fix: no wake-up from here. A handler runs in the main thread between two
+            # bytecodes, possibly while that thread holds the wake event's lock (inside
+            # Event.wait() or clear()); Event.set() then waited for that lock forever, and the
+            # worker hung after "finishing in-flight jobs". The dispatcher (the main thread)
+            # sees the flag when its current wait ends, within its poll interval.
+            self._request_stop()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
