@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -180,14 +181,26 @@ def test_reload_restarts_the_worker_when_code_changes(start_worker):
     assert wait_for_job(done.pk, *TERMINAL).state == Job.State.DONE
     jobs_py = ROOT / "tests" / "testapp" / "jobs.py"
     stat = jobs_py.stat()
-    later = stat.st_mtime + 5
-    os.utime(jobs_py, (later, later))
+    touched = {"count": 0, "at": -10.0}
+
+    def restarted() -> Worker | None:
+        # The reloader compares each file's mtime with the one it saw on its previous tick
+        # (once a second); a file it has not snapshotted yet is only recorded. One touch can
+        # fall before that first snapshot on a loaded machine, so move the mtime forward
+        # again every few seconds until a new worker process shows up.
+        if time.monotonic() - touched["at"] > 3:
+            touched["count"] += 1
+            touched["at"] = time.monotonic()
+            later = stat.st_mtime + 5 * touched["count"]
+            os.utime(jobs_py, (later, later))
+        return Worker.objects.exclude(pid=first.pid).first()
+
     try:
-        second = poll(lambda: Worker.objects.exclude(pid=first.pid).first(), timeout=60)
+        second = poll(restarted, timeout=60, interval=0.5)
     finally:
         os.utime(jobs_py, (stat.st_atime, stat.st_mtime))
     assert second.pid != first.pid
     after = jobqueue.enqueue("test.add", {"a": 2, "b": 2})
     assert wait_for_job(after.pk, *TERMINAL).result == 4
-    assert worker.output().count(" starting: ") == 2
+    assert worker.output().count(" starting: ") >= 2
     worker.kill()
