@@ -6,8 +6,12 @@ BIN := $(VENV)/bin
 PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
 PYTEST_ARGS ?=
+# Every lane runs pytest under coverage (worker subprocesses included, see pyproject's
+# [tool.coverage.run]); `make test` combines the three databases' data and reports it.
+COV_DATA ?= $(CURDIR)/.coverage-data
+PYTEST = COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage run --rcfile=$(CURDIR)/pyproject.toml -m pytest
 
-.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql chaos docs demo bench clean
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql coverage chaos docs demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -36,22 +40,31 @@ docs: venv
 test-sqlite: venv
 	rm -rf .test-state/sqlite && mkdir -p .test-state/sqlite
 	JOBQUEUE_TEST_STATE=$(CURDIR)/.test-state/sqlite DATABASE_URL= \
-		$(BIN)/pytest --create-db $(PYTEST_ARGS)
+		$(PYTEST) --create-db $(PYTEST_ARGS)
 
 # PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
 test-postgres: venv
 	@if $(BIN)/python .ci/db_ready.py "$(PG_URL)"; then \
-		DATABASE_URL="$(PG_URL)" $(BIN)/pytest --create-db $(PYTEST_ARGS); \
+		DATABASE_URL="$(PG_URL)" $(PYTEST) --create-db $(PYTEST_ARGS); \
 	elif [ "$$CI" = "true" ]; then echo "PostgreSQL is not reachable at $(PG_URL)"; exit 1; \
 	else echo "== PostgreSQL not reachable at $(PG_URL): skipped (CI=true makes this fail)"; fi
 
 test-mysql: venv
 	@if $(BIN)/python .ci/db_ready.py "$(MYSQL_URL)"; then \
-		DATABASE_URL="$(MYSQL_URL)" $(BIN)/pytest --create-db $(PYTEST_ARGS); \
+		DATABASE_URL="$(MYSQL_URL)" $(PYTEST) --create-db $(PYTEST_ARGS); \
 	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
 	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
 
-test: lint typecheck checks docs test-sqlite test-postgres test-mysql
+test: lint typecheck checks docs
+	rm -rf $(COV_DATA)
+	$(MAKE) test-sqlite test-postgres test-mysql
+	$(MAKE) coverage
+
+# Combine the coverage data of the lanes run since the last `make test` and report it.
+coverage: venv
+	@cd $(COV_DATA) && COVERAGE_FILE=$(COV_DATA)/.coverage \
+		$(BIN)/coverage combine --rcfile=$(CURDIR)/pyproject.toml --quiet .
+	COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage report --rcfile=$(CURDIR)/pyproject.toml
 
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
@@ -66,4 +79,4 @@ demo: venv
 	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(BIN)
 
 clean:
-	rm -rf $(VENV) .test-state .bench-state .site example_project/db.sqlite3*
+	rm -rf $(VENV) .test-state .bench-state .site .coverage-data example_project/db.sqlite3*

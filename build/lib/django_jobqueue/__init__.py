@@ -1,0 +1,96 @@
+"""django_jobqueue: a durable job queue with dependency-driven workflows in your Django database."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    Fail,
+    HandlerRegistrationError,
+    InvalidArgumentsError,
+    InvalidDependencyError,
+    InvalidJobError,
+    JobCancelled,
+    JobQueueError,
+    JobTimeout,
+    LeaseExpired,
+    LeaseLost,
+    Retry,
+    UnknownHandlerError,
+    UnsupportedDatabaseError,
+    UpstreamFailed,
+)
+from .registry import handler
+
+if TYPE_CHECKING:
+    from .context import JobContext
+    from .control import cancel, container, retry
+    from .enqueuing import enqueue
+    from .graphs import Graph, enqueue_many, graph
+    from .inbox import record_effect
+    from .schedules import schedule
+
+try:
+    __version__ = version("django-jobqueue")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "Fail",
+    "Graph",
+    "HandlerRegistrationError",
+    "InvalidArgumentsError",
+    "InvalidDependencyError",
+    "InvalidJobError",
+    "JobCancelled",
+    "JobContext",
+    "JobQueueError",
+    "JobTimeout",
+    "LeaseExpired",
+    "LeaseLost",
+    "Retry",
+    "UnknownHandlerError",
+    "UnsupportedDatabaseError",
+    "UpstreamFailed",
+    "cancel",
+    "container",
+    "enqueue",
+    "enqueue_many",
+    "graph",
+    "handler",
+    "record_effect",
+    "retry",
+    "schedule",
+]
+
+# Loaded on first use: they import the models, which need the app registry, and
+# `import django_jobqueue` must work in settings and in jobs.py at import time.
+_LAZY = {
+    "enqueue": "enqueuing",
+    "JobContext": "context",
+    "cancel": "control",
+    "container": "control",
+    "retry": "control",
+    "Graph": "graphs",
+    "enqueue_many": "graphs",
+    "graph": "graphs",
+    "record_effect": "inbox",
+    "schedule": "schedules",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
+    from importlib import import_module
+
+    # No module of this package is named like a lazy name: importing a submodule sets the
+    # package attribute of its name, which would shadow the function of that name.
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    # The lazy names too, so that dir() and completion show the whole public API.
+    return sorted(set(globals()) | set(_LAZY))

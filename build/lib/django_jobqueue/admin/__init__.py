@@ -1,0 +1,11 @@
+"""The operators' admin: jobs, live leases, dead jobs, workers, an overview, and actions.
+
+Importing this package registers every page with the default admin site.
+"""
+
+from .jobs import JobAdmin
+from .lists import DeadJobAdmin, LiveLeaseAdmin
+from .overview import QueueOverviewAdmin
+from .workers import WorkerAdmin
+
+__all__ = ["DeadJobAdmin", "JobAdmin", "LiveLeaseAdmin", "QueueOverviewAdmin", "WorkerAdmin"]

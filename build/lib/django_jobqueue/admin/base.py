@@ -1,0 +1,105 @@
+"""What every job page of the admin shares: Job's permissions, a read-only form, fast lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.db.models.fields.json import KT
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..models import Job
+from . import display
+from .actions import JobActionForm
+from .paging import capped_paginator
+
+# Lists never load these: they can be large, and a page of them is a page of documents.
+JSON_COLUMNS = ("args", "result", "errors", "worker_ids", "last_error")
+
+
+class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A page of jobs, guarded by Job's own permissions (also on the proxy models' pages).
+
+    Nobody adds or edits rows here: the change permission allows the actions (retry, cancel,
+    release a lease), the delete permission the bounded delete action, and a job's page is
+    read-only for everyone.
+    """
+
+    action_form = JobActionForm
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts are a COUNT per filter choice
+    list_per_page = 50
+    sortable_by = ()
+    list_display_links = None
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        title = str(self.model._meta.verbose_name_plural).capitalize()
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    def _can(self, request: HttpRequest, action: str) -> bool:
+        return bool(request.user.has_perm(f"django_jobqueue.{action}_job"))
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._can(request, "view") or self._can(request, "change")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and self._can(request, "change")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Never Django's own delete (unbounded, and blind to what still needs a job): the
+        # delete permission allows delete_finished_jobs instead.
+        return False
+
+    def has_delete_finished_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may run delete_finished_jobs: Job's delete permission."""
+        return self._can(request, "delete")
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any
+    ) -> Any:
+        return capped_paginator(request, queryset, per_page)
+
+    def list_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        """The list's rows: JSON columns deferred, the last error's type and message only."""
+        return queryset.defer(*JSON_COLUMNS).annotate(
+            error_type=KT("last_error__type"), error_message=KT("last_error__message")
+        )
+
+    @admin.display(description="job")
+    def job(self, job: Job) -> SafeString:
+        return display.job_link(int(job.pk))
+
+    @admin.display(description="state")
+    def state_badge(self, job: Job) -> SafeString:
+        return display.badge(job.state)
+
+    @admin.display(description="attempts")
+    def attempts_of(self, job: Job) -> str:
+        return f"{job.attempts} of {job.max_attempts}"
+
+    @admin.display(description="created")
+    def created(self, job: Job) -> str:
+        return display.when(job.created_at)
+
+    @admin.display(description="last error")
+    def last_error_line(self, job: Job) -> str:
+        kind = getattr(job, "error_type", None)
+        if kind is None:
+            return ""
+        error = {"type": kind, "message": getattr(job, "error_message", "")}
+        return display.first_line(error, limit=80)
+
+    @admin.display(description="running for")
+    def running_for(self, job: Job) -> SafeString | str:
+        if job.state != Job.State.RUNNING or job.started_at is None:
+            return ""
+        return format_html(
+            "{}", display.duration((timezone.now() - job.started_at).total_seconds())
+        )

@@ -1,0 +1,279 @@
+"""The jobs list and the job page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from ..models import Job, JobDependency, Worker
+from . import display, filters, graph
+from .actions import cancel_jobs, delete_finished_jobs, release_leases, retry_jobs
+from .base import JobPagesAdmin
+
+SHOWN = 20
+
+
+@admin.register(Job)
+class JobAdmin(JobPagesAdmin):
+    """All jobs, newest first, and each job's page."""
+
+    list_display = [
+        "job",
+        "type",
+        "state_badge",
+        "queue",
+        "group_key",
+        "attempts_of",
+        "created",
+        "running_for",
+        "last_error_line",
+    ]
+    list_filter = [
+        filters.StateFilter,
+        filters.QueueFilter,
+        filters.GroupFilter,
+        filters.TypeFilter,
+        filters.HasErrorFilter,
+        filters.ContainerFilter,
+        filters.UpstreamOfFilter,
+        filters.DownstreamOfFilter,
+        filters.WorkerFilter,
+    ]
+    ordering = ["-id"]
+    search_fields = ["=id"]
+    search_help_text = "An exact job id, handler key or unique key."
+    actions = [retry_jobs, cancel_jobs, release_leases, delete_finished_jobs]
+    readonly_fields = [
+        "state_badge",
+        "attempts_of",
+        "cancellation",
+        "container",
+        "children",
+        "upstream",
+        "downstream",
+        "workflow",
+        "lease",
+        "attempt_errors",
+        "traceback",
+        "arguments",
+        "job_result",
+        "runs",
+    ]
+    fieldsets = [
+        (None, {"fields": ["type", "state_badge", "queue", "group_key", "priority", "weight"]}),
+        (
+            "Workflow",
+            {
+                "fields": [
+                    "workflow",
+                    "container",
+                    "children",
+                    "upstream",
+                    "downstream",
+                    "cancellation",
+                    "unique_key",
+                ]
+            },
+        ),
+        (
+            "Attempts",
+            {
+                "fields": [
+                    "attempts_of",
+                    "timeout",
+                    "run_after",
+                    "attempt_errors",
+                    "traceback",
+                    "runs",
+                ]
+            },
+        ),
+        ("Lease", {"fields": ["lease"]}),
+        ("Data", {"fields": ["arguments", "job_result"]}),
+        ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
+    ]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        offered = job_actions(job, self.has_change_permission(request)) if job else []
+        context = {"job_actions": offered, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """Run an action; from a job page's button, come back to that job's page."""
+        response = super().response_action(request, *args, **kwargs)
+        picked = request.POST.getlist("_selected_action")
+        if request.POST.get("_job_page") and len(picked) == 1 and picked[0].isdigit():
+            return redirect(display.job_url(int(picked[0])))
+        return response
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None or in_workflow(obj):
+            return self.fieldsets
+        # A job on its own: no picture, no empty container and dependency rows.
+        alone = ("Workflow", {"fields": ["cancellation", "unique_key"]})
+        return [alone if name == "Workflow" else (name, opts) for name, opts in self.fieldsets]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        if match is not None and str(match.url_name).endswith("_changelist"):
+            return self.list_queryset(queryset)
+        return queryset
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        """Match an exact id, unique key or handler key: each by an index, never a LIKE scan.
+
+        An OR of them would let the planner walk the whole table in id order for one match;
+        the unique keys are looked up first instead (their index), then the id or the type.
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # Unordered: with ORDER BY id, SQLite walks the primary key instead of the key's index.
+        keyed = list(Job.objects.filter(unique_key=term).values_list("pk", flat=True)[:100])
+        number = term.lstrip("#")
+        if number.isdigit():
+            return queryset.filter(pk__in=[int(number), *keyed]), False
+        if keyed:
+            return queryset.filter(pk__in=keyed), False
+        return queryset.filter(type=term), False
+
+    @admin.display(description="cancellation")
+    def cancellation(self, job: Job) -> SafeString | str:
+        if job.cancelled_by_id is not None:
+            state = Job.objects.filter(pk=job.cancelled_by_id).values_list("state", flat=True)
+            return format_html(
+                "cancelled because job {} ended badly",
+                display.job_link(job.cancelled_by_id, state.first()),
+            )
+        if job.state == Job.State.CANCELLED and job.cancel_requested:
+            return "cancelled by an operator or by code (cancel(), or its container's)"
+        if job.cancel_requested:
+            return "cancellation requested: the running handler is asked to stop"
+        if job.state == Job.State.CANCELLED:
+            return "cancelled (its container or an upstream job ended badly)"
+        return "-"
+
+    @admin.display(description="container")
+    def container(self, job: Job) -> SafeString | str:
+        if job.parent_id is None:
+            return "-"
+        row = Job.objects.filter(pk=job.parent_id).values_list("pk", "type", "state").first()
+        return display.job_links([row] if row else [], 1, "")
+
+    @admin.display(description="children")
+    def children(self, job: Job) -> SafeString | str:
+        if not job.is_container:
+            return "-"
+        jobs = Job.objects.filter(parent_id=job.pk)
+        return self._links(jobs, {"container": job.pk})
+
+    @admin.display(description="upstream (it waits on)")
+    def upstream(self, job: Job) -> SafeString | str:
+        jobs = Job.objects.filter(downstream_edges__job_id=job.pk)
+        return self._links(jobs, {"upstream_of": job.pk})
+
+    @admin.display(description="downstream (waits on it)")
+    def downstream(self, job: Job) -> SafeString | str:
+        if not job.has_dependents:
+            return "-"
+        jobs = Job.objects.filter(upstream_edges__depends_on_id=job.pk)
+        return self._links(jobs, {"downstream_of": job.pk})
+
+    def _links(self, jobs: QuerySet[Job], lookup: dict[str, Any]) -> SafeString | str:
+        rows = list(jobs.order_by("pk").values_list("pk", "type", "state")[: SHOWN + 1])
+        total = len(rows) if len(rows) <= SHOWN else jobs.count()
+        return display.job_links(rows[:SHOWN], total, graph.changelist(**lookup))
+
+    @admin.display(description="picture")
+    def workflow(self, job: Job) -> SafeString | str:
+        return graph.render(job) if in_workflow(job) else "not part of a workflow"
+
+    @admin.display(description="workers, one per start")
+    def runs(self, job: Job) -> SafeString | str:
+        starts = [str(worker) for worker in job.worker_ids or []]
+        if not starts:
+            return "-"
+        return format_html_join(
+            mark_safe("<br>"), "start {}: {}", ((n, w) for n, w in enumerate(starts, 1))
+        )
+
+    @admin.display(description="lease")
+    def lease(self, job: Job) -> SafeString | str:
+        if job.lease_owner is None:
+            return "no lease (the job is not held by a worker)"
+        worker = Worker.objects.filter(pk=job.lease_owner).first()
+        if worker is None:
+            owner = format_html(
+                "{} <span style='{}'>(worker gone)</span>", job.lease_owner, display.WARN
+            )
+        else:
+            url = reverse("admin:django_jobqueue_worker_change", args=[worker.pk])
+            owner = format_html(
+                '<a href="{}">{}</a> (host {}, pid {})', url, worker.pk, worker.host, worker.pid
+            )
+        return format_html(
+            "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago",
+            owner,
+            display.when(job.lease_expires),
+            _expiry(job),
+            display.age(job.heartbeat_at),
+        )
+
+    @admin.display(description="errors by attempt")
+    def attempt_errors(self, job: Job) -> SafeString:
+        return display.errors_table(job.errors)
+
+    @admin.display(description="last traceback")
+    def traceback(self, job: Job) -> SafeString:
+        return display.traceback((job.last_error or {}).get("traceback"))
+
+    @admin.display(description="arguments")
+    def arguments(self, job: Job) -> SafeString:
+        return display.pretty_json(job.args)
+
+    @admin.display(description="result")
+    def job_result(self, job: Job) -> SafeString:
+        return display.pretty_json(job.result)
+
+
+def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
+    """The buttons a job's page offers: the actions that apply to the job in its state."""
+    if not can_change:
+        return []
+    if job.state in (Job.State.DEAD, Job.State.CANCELLED) and not job.is_container:
+        return [("retry_jobs", "Retry")]
+    if job.state in Job.LEASED_STATES:
+        return [("cancel_jobs", "Cancel"), ("release_leases", "Release lease")]
+    if job.state not in Job.TERMINAL_STATES:
+        return [("cancel_jobs", "Cancel")]
+    return []
+
+
+def in_workflow(job: Job) -> bool:
+    """Whether the job has a container, children, upstream or downstream jobs."""
+    return bool(
+        job.parent_id is not None
+        or job.is_container
+        or job.has_dependents
+        or JobDependency.objects.filter(job_id=job.pk).exists()
+    )
+
+
+def _expiry(job: Job) -> SafeString:
+    left = display.age(job.lease_expires)
+    if left.startswith("in "):
+        return format_html("{}", left)
+    return format_html("<span style='{}'>EXPIRED {} ago</span>", display.WARN, left)

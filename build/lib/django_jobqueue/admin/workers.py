@@ -1,0 +1,101 @@
+"""The workers page: who is alive, what each holds, how fresh its heartbeat is."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from ..dialects.functions import DbNow
+from ..models import Worker
+from . import display
+
+SHOWN = 5
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Worker rows, read-only: each row is kept by its own process's heartbeat."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {"title": "Workers", **(extra_context or {})})
+
+    list_display = [
+        "id",
+        "host",
+        "pid",
+        "queue_list",
+        "concurrency",
+        "in_flight",
+        "heartbeat_age",
+        "status",
+    ]
+    ordering = ["host", "pid"]
+    readonly_fields = ["queue_list", "in_flight_all", "heartbeat_age", "status"]
+    fields = [
+        "id",
+        "host",
+        "pid",
+        "queue_list",
+        "concurrency",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_age",
+        "expires_at",
+        "lease_ttl",
+        "status",
+        "in_flight_all",
+    ]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
+        queryset: QuerySet[Worker] = super().get_queryset(request)
+        return queryset.annotate(now=DbNow())
+
+    @admin.display(description="queues")
+    def queue_list(self, worker: Worker) -> str:
+        return ", ".join(str(queue) for queue in worker.queues or []) or "all"
+
+    @admin.display(description="jobs in flight")
+    def in_flight(self, worker: Worker) -> SafeString:
+        return self._jobs(worker, SHOWN)
+
+    @admin.display(description="jobs in flight")
+    def in_flight_all(self, worker: Worker) -> SafeString:
+        return self._jobs(worker, 100)
+
+    def _jobs(self, worker: Worker, shown: int) -> SafeString:
+        ids = [int(pk) for pk in worker.job_ids or []]
+        if not ids:
+            return mark_safe("0")
+        links = format_html_join(" ", "{}", ((display.job_link(pk),) for pk in ids[:shown]))
+        url = reverse("admin:django_jobqueue_livelease_changelist")
+        url += "?" + urlencode({"worker": worker.pk})
+        return format_html('{}: {} <a href="{}">(leases)</a>', len(ids), links, url)
+
+    @admin.display(description="heartbeat age")
+    def heartbeat_age(self, worker: Any) -> str:
+        return display.age(worker.heartbeat_at, getattr(worker, "now", None))
+
+    @admin.display(description="status")
+    def status(self, worker: Any) -> SafeString:
+        now = getattr(worker, "now", None)
+        if worker.expires_at is not None and now is not None and worker.expires_at > now:
+            return format_html("{}", "alive")
+        return format_html(
+            "<span style='{}'>STALE: no heartbeat for a whole lease TTL</span>", display.WARN
+        )

@@ -1,0 +1,368 @@
+"""JobQueueBackend: django_jobqueue as a backend for Django's Tasks framework (Django 6.0+).
+
+A thin adapter: `enqueue` writes a job row whose handler key names the task, and the worker
+runs it through a handler registered when the task was defined. On Django 5.2, which has no
+`django.tasks`, this module imports cleanly and defines nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+try:
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+
+    HAS_TASKS = True
+except ImportError:  # Django < 6.0
+    HAS_TASKS = False
+
+if TYPE_CHECKING:
+    from .context import JobContext
+    from .models import Job
+
+TASK_KEY_PREFIX = "task"
+
+# How job states show as TaskResult statuses: waiting (on upstream jobs), scheduled (for later,
+# retries included) and ready jobs are READY; leased and running are RUNNING; done is
+# SUCCESSFUL; dead and cancelled FAILED.
+STATUS_BY_STATE = {
+    "waiting": "READY",
+    "scheduled": "READY",
+    "ready": "READY",
+    "leased": "RUNNING",
+    "running": "RUNNING",
+    "done": "SUCCESSFUL",
+    "dead": "FAILED",
+    "cancelled": "FAILED",
+}
+
+
+def task_key(alias: str, module_path: str) -> str:
+    """Return the handler key of the task at `module_path` on backend `alias`."""
+    return f"{TASK_KEY_PREFIX}:{alias}:{module_path}"
+
+
+if HAS_TASKS:
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class JobQueueTask(Task):  # type: ignore[type-arg]
+        """A Task whose `using()` also takes django_jobqueue's options."""
+
+        depends_on: tuple[Any, ...] = ()
+        group: str = ""
+        weight: int = 1
+        unique_key: str | None = None
+        max_attempts: int | None = None
+        timeout: float | dt.timedelta | None = None
+        parent: Any = None
+
+        def using(
+            self,
+            *,
+            priority: int | None = None,
+            queue_name: str | None = None,
+            run_after: dt.datetime | dt.timedelta | None = None,
+            backend: str | None = None,
+            depends_on: Any = None,
+            group: str | None = None,
+            weight: int | None = None,
+            unique_key: str | None = None,
+            max_attempts: int | None = None,
+            timeout: float | dt.timedelta | None = None,
+            parent: Any = None,
+        ) -> JobQueueTask:
+            """Return a copy with changed defaults (Django's options plus the queue's own)."""
+            changes: dict[str, Any] = {
+                name: value
+                for name, value in {
+                    "priority": priority,
+                    "queue_name": queue_name,
+                    "run_after": run_after,
+                    "backend": backend,
+                    "group": group,
+                    "weight": weight,
+                    "unique_key": unique_key,
+                    "max_attempts": max_attempts,
+                    "timeout": timeout,
+                    "parent": parent,
+                }.items()
+                if value is not None
+            }
+            if depends_on is not None:
+                changes["depends_on"] = tuple(depends_on)
+            return dataclasses.replace(self, **changes)
+
+    class JobQueueBackend(BaseTaskBackend):
+        """Run Django Tasks through django_jobqueue's durable queue and worker."""
+
+        task_class = JobQueueTask
+        supports_defer = True
+        supports_async_task = True
+        supports_get_result = True
+        supports_priority = True
+
+        def __init__(self, alias: str, params: dict[str, Any]) -> None:
+            # Built when a module with @task functions is imported: touch no database here.
+            super().__init__(alias, params)
+            options = {k.upper(): v for k, v in self.options.items()}
+            self.default_max_attempts = options.get("MAX_ATTEMPTS")
+            self.default_timeout = options.get("TIMEOUT")
+            self.default_group = options.get("GROUP", "")
+            self._tasks: dict[str, Task[Any, Any]] = {}
+
+        # -- definition -------------------------------------------------------------------
+
+        def validate_task(self, task: Task[Any, Any]) -> None:
+            """Validate as Django does (a timedelta run_after is allowed), then allowlist it."""
+            run_after = task.run_after
+            if isinstance(run_after, dt.timedelta):
+                task = dataclasses.replace(task, run_after=None)  # validated at enqueue
+            super().validate_task(task)
+            if isinstance(task, JobQueueTask):
+                if task.weight is not None and task.weight < 1:
+                    raise InvalidTask("weight must be at least 1.")
+                # Fix: max_attempts=0 and timeout=0 were taken for "not set" at enqueue (`or`)
+                # and silently became the backend's defaults; reject them like weight=0.
+                if isinstance(task.max_attempts, int) and task.max_attempts < 1:
+                    raise InvalidTask("max_attempts must be at least 1.")
+                timeout = task.timeout
+                if isinstance(timeout, dt.timedelta):
+                    timeout = timeout.total_seconds()
+                if isinstance(timeout, int | float) and timeout <= 0:
+                    raise InvalidTask("timeout must be positive.")
+            self._register(task)
+
+        def _register(self, task: Task[Any, Any]) -> None:
+            from django.tasks import task_backends
+            from django.utils.module_loading import import_string
+
+            from . import registry
+
+            key = task_key(self.alias, task.module_path)
+            if key in self._tasks:
+                return
+            self._tasks[key] = task
+            registry.handler(key, takes_context=True)(_TaskRunner(self, task))
+            # Fix: task.using(backend=<another alias on this backend>) enqueues under that
+            # alias's key, but a worker process only imports the definitions (made for their
+            # own alias), so it had no handler and marked such jobs dead. Allowlist the task
+            # on every alias of this backend it is valid for.
+            for alias, params in task_backends.settings.items():
+                if alias == self.alias:
+                    continue
+                try:  # the class first: no other backend is built as a side effect
+                    backend_class = import_string(str(params.get("BACKEND", "")))
+                except ImportError:
+                    continue
+                if not (
+                    isinstance(backend_class, type) and issubclass(backend_class, JobQueueBackend)
+                ):
+                    continue
+                other = task_backends[alias]
+                if isinstance(other, JobQueueBackend) and (
+                    task_key(alias, task.module_path) in other._tasks
+                ):
+                    continue
+                # Validating the copy registers it there; one that is not valid there (its
+                # queue, say) cannot be enqueued there either.
+                with contextlib.suppress(InvalidTask):
+                    dataclasses.replace(task, backend=alias)
+
+        # -- enqueue ----------------------------------------------------------------------
+
+        def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+            """Write a job for `task` and send task_enqueued.
+
+            The row is written in the caller's transaction when that is on the queue database;
+            when the queue lives on another database alias it is written there at once, in its
+            own transaction, so that the TaskResult has its id.
+            """
+            from .enqueuing import enqueue_direct
+
+            self.validate_task(task)
+            run_after = task.run_after  # a timedelta counts from now on the database clock
+            payload = {"args": list(args), "kwargs": dict(kwargs)}
+            try:
+                payload = json.loads(json.dumps(normalize_json(payload), allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise InvalidTask(f"Task arguments must be JSON-serializable: {exc}") from exc
+            extra: dict[str, Any] = {}
+            if isinstance(task, JobQueueTask):
+                extra = {
+                    "depends_on": [_job_ref(d) for d in task.depends_on],
+                    "parent": task.parent,
+                    "group": task.group or self.default_group,
+                    "weight": task.weight,
+                    "unique_key": task.unique_key,
+                    "max_attempts": self.default_max_attempts
+                    if task.max_attempts is None
+                    else task.max_attempts,
+                    "timeout": self.default_timeout if task.timeout is None else task.timeout,
+                }
+            job = enqueue_direct(
+                task_key(self.alias, task.module_path),
+                payload,
+                # Fix: Django's validation accepts a whole float (5.0); the queue wants an int.
+                priority=int(task.priority),
+                queue=task.queue_name,
+                run_after=run_after,
+                **extra,
+            )
+            result = self._result(task, job)
+            task_enqueued.send(type(self), task_result=result)
+            return result
+
+        # -- results ----------------------------------------------------------------------
+
+        def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+            """Return the TaskResult of the job with this id."""
+            from .models import Job
+
+            try:
+                job = Job.objects.using(_queue_database()).get(pk=int(result_id))
+            except (Job.DoesNotExist, ValueError, TypeError):
+                raise TaskResultDoesNotExist(result_id) from None
+            prefix = f"{TASK_KEY_PREFIX}:{self.alias}:"
+            if not job.type.startswith(prefix):
+                raise TaskResultDoesNotExist(result_id)
+            task = self._tasks.get(job.type) or _import_task(job.type[len(prefix) :], self)
+            if task is None:
+                raise TaskResultDoesNotExist(result_id)
+            return self._result(task, job)
+
+        def _result(self, task: Task[Any, Any], job: Job) -> TaskResult[Any, Any]:
+            # Fix: result.task is the task as this job was enqueued, read from the row. It was
+            # the registered task (whatever using() had changed lost on get_result), and after
+            # using(run_after=<timedelta>) the result's task kept the timedelta instead of the
+            # aware datetime the job runs after.
+            enqueued: dict[str, Any] = {
+                "priority": job.priority,
+                "queue_name": job.queue,
+                "run_after": job.run_after,
+            }
+            if any(getattr(task, name) != value for name, value in enqueued.items()):
+                # Not when it is no longer valid (its queue since removed from QUEUES, say).
+                with contextlib.suppress(InvalidTask):
+                    task = dataclasses.replace(task, **enqueued)
+            errors = list(job.errors or [])
+            if (
+                job.state in ("dead", "cancelled")
+                and job.last_error
+                and (not errors or errors[-1] != job.last_error)
+            ):
+                errors.append(job.last_error)
+            result: TaskResult[Any, Any] = TaskResult(
+                task=task,
+                id=str(job.pk),
+                status=TaskResultStatus(STATUS_BY_STATE[job.state]),
+                enqueued_at=job.created_at,
+                started_at=job.started_at,
+                finished_at=job.finished_at,
+                last_attempted_at=job.started_at,
+                args=(job.args or {}).get("args", []),
+                kwargs=(job.args or {}).get("kwargs", {}),
+                backend=self.alias,
+                errors=[
+                    TaskError(exception_class_path=e["type"], traceback=e.get("traceback", ""))
+                    for e in errors
+                ],
+                worker_ids=list(job.worker_ids or []),
+            )
+            if job.state == "done":
+                object.__setattr__(result, "_return_value", job.result)
+            return result
+
+    class _TaskRunner:
+        """The handler the worker calls for a task: context, signals and the call itself."""
+
+        def __init__(self, backend: JobQueueBackend, task: Task[Any, Any]) -> None:
+            self.backend = backend
+            self.task = task
+            self.__name__ = task.name
+            self.__qualname__ = task.module_path
+            self.__module__ = task.func.__module__
+
+        def __call__(self, ctx: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
+            job = ctx.job
+            deferred = job.get_deferred_fields()
+            if deferred:  # the claim reads only what running a job needs: the rest, at once
+                job.refresh_from_db(fields=sorted(deferred - {"result"}))
+            job.started_at = timezone.now()
+            job.state = "running"
+            result: TaskResult[Any, Any] = self.backend._result(self.task, job)
+            task_started.send(type(self.backend), task_result=result)
+            try:
+                if self.task.takes_context:
+                    value = self.task.call(TaskContext(task_result=result), *args, **kwargs)
+                else:
+                    value = self.task.call(*args, **kwargs)
+                value = normalize_json(value)
+            except BaseException as exc:
+                cls = type(exc)
+                from traceback import format_exception
+
+                result.errors.append(
+                    TaskError(
+                        exception_class_path=f"{cls.__module__}.{cls.__qualname__}",
+                        traceback="".join(format_exception(exc)),
+                    )
+                )
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                object.__setattr__(result, "finished_at", timezone.now())
+                # Sent from inside the except block, so the signal's logger sees the traceback.
+                task_finished.send(type(self.backend), task_result=result)
+                raise
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(result, "finished_at", timezone.now())
+            object.__setattr__(result, "_return_value", value)
+            task_finished.send(type(self.backend), task_result=result)
+            return value
+
+    def _job_ref(dependency: Any) -> Any:
+        """Accept a TaskResult, a Job or a job id as a dependency."""
+        if isinstance(dependency, TaskResult):
+            return int(dependency.id)
+        return dependency
+
+    def _import_task(module_path: str, backend: JobQueueBackend) -> Task[Any, Any] | None:
+        """Find a task defined in this process (for any alias) to read a result with.
+
+        Fix: this imported the module a row's type named, so a forged row made the web
+        process import any module. Only tasks already defined here (tasks.py modules are
+        discovered at start-up) are resolved.
+        """
+        from . import registry
+
+        suffix = f":{module_path}"
+        for key in registry.allowlist():
+            if not (key.startswith(f"{TASK_KEY_PREFIX}:") and key.endswith(suffix)):
+                continue
+            runner = registry.get(key).func
+            task = getattr(runner, "task", None)
+            if not isinstance(task, Task) or task.module_path != module_path:
+                continue
+            if task.backend != backend.alias:
+                # A task defined for another alias and enqueued on this one with
+                # using(backend=...): read its result as this alias's.
+                try:
+                    task = dataclasses.replace(task, backend=backend.alias)
+                except InvalidTask:
+                    continue
+            return task
+        return None
+
+
+def _queue_database() -> str:
+    from . import conf
+
+    return conf.get().database

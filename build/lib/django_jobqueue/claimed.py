@@ -1,0 +1,86 @@
+"""ClaimedJob: what a claim returns, light enough for the worker's hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import Job
+
+# The columns a claim reads back: what running the job needs. A handler that takes a context
+# gets a Job model instance with these loaded and the others deferred (read on first access).
+CLAIM_FIELDS = (
+    "id",
+    "type",
+    "args",
+    "state",
+    "attempts",
+    "max_attempts",
+    "queue",
+    "priority",
+    "group_key",
+    "parent_id",
+    "timeout",
+    "lease_owner",
+)
+
+
+class ClaimedJob:
+    """A claimed job's row as the claim returned it (CLAIM_FIELDS), after the claim's writes.
+
+    A plain object rather than a Job model instance: a profile of the drain showed building
+    model instances as the worker's largest cost after the claim statement itself. `model()`
+    gives the Job instance when a handler's context needs one.
+    """
+
+    __slots__ = (*CLAIM_FIELDS, "_model", "using")
+
+    id: int
+    type: str
+    args: dict[str, Any]
+    state: str
+    attempts: int
+    max_attempts: int
+    queue: str
+    priority: int
+    group_key: str
+    parent_id: int | None
+    timeout: float | None
+    lease_owner: str | None
+
+    def __init__(self, using: str, values: Sequence[Any]) -> None:
+        """Take the values of CLAIM_FIELDS, in that order."""
+        self.using = using
+        self._model: Job | None = None
+        (
+            self.id,
+            self.type,
+            self.args,
+            self.state,
+            self.attempts,
+            self.max_attempts,
+            self.queue,
+            self.priority,
+            self.group_key,
+            self.parent_id,
+            self.timeout,
+            self.lease_owner,
+        ) = values
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    def model(self) -> Job:
+        """The Job model instance (deferred fields load on first access)."""
+        if self._model is None:
+            from .models import Job
+
+            self._model = Job.from_db(
+                self.using, list(CLAIM_FIELDS), [getattr(self, name) for name in CLAIM_FIELDS]
+            )
+        return self._model
+
+    def __repr__(self) -> str:
+        return f"<ClaimedJob {self.type} #{self.id} attempt {self.attempts}>"

@@ -1,0 +1,256 @@
+"""One place that reads ``settings.JOBQUEUE``, with typed defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import re
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+@dataclasses.dataclass(frozen=True)
+class JobQueueSettings:
+    """The effective settings; every field is a key of ``settings.JOBQUEUE`` in upper case."""
+
+    database: str = "default"  # alias of the database that holds the queue tables
+    default_queue: str = "default"
+    max_attempts: int = 3  # attempts per job unless enqueue() says otherwise
+    timeout: float | None = None  # seconds a dispatch may run; None: no limit
+    lease_ttl: float = 30.0  # seconds a claim stays valid without a heartbeat
+    heartbeat_interval: float = 10.0  # seconds between lease renewals
+    poll_interval: float = 1.0  # seconds between polls when idle
+    shutdown_timeout: float = 30.0  # seconds in-flight jobs get after SIGTERM
+    retry_backoff: float = 2.0  # base of the exponential backoff, seconds
+    retry_backoff_max: float = 3600.0  # ceiling of one backoff delay, seconds
+    reclaim_interval: float = 1.0  # seconds between stale-lease sweeps of one worker
+    reclaim_batch: int = 100  # rows one sweep moves at most
+    max_abandoned_threads: int = 3  # timed-out threads a worker tolerates before restarting
+    group_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> max running
+    queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
+    dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
+    fair_share_refresh: float = 1.0  # seconds a worker reuses its view of the ready groups
+    lock_timeout: float = 5.0  # seconds any worker statement waits for a lock, at most
+    prefetch: int = 128  # jobs claimed beyond free threads, while recent jobs are short
+    max_args_bytes: int = 1_048_576  # largest args of one job, as JSON text
+    max_result_bytes: int = 1_048_576  # largest result of one job, as JSON text
+    schedules: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> definition
+    rate_limits: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> "N/period"
+    schedule_clock: Any = None  # callable() -> aware datetime, or its dotted path (tests)
+    # final state -> age ("7d", seconds, a timedelta) after which workers delete such jobs;
+    # a state left out, or None, is kept forever
+    retention: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def retention_ages(self) -> dict[str, dt.timedelta]:
+        """The states RETENTION prunes, with their ages."""
+        return {s: parse_age(a) for s, a in self.retention.items() if a is not None}
+
+
+FINAL_STATES = ("done", "cancelled", "dead")  # Job.TERMINAL_STATES (no model import here)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_MAX_AGE = 100 * 365 * 86400
+
+
+def parse_age(value: str | float | dt.timedelta) -> dt.timedelta:
+    """Return an age given as "7d" (a number and s, m, h or d), seconds, or a timedelta."""
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _AGE.match(value)):
+        seconds = float(match[1]) * _UNITS[match[2]]
+    else:
+        raise ValueError(f"{value!r} is not an age: give a number and a unit, s, m, h or d (7d).")
+    if not 0 <= seconds <= _MAX_AGE:
+        raise ValueError(f"{value!r} is not an age between 0 and 100 years.")
+    return dt.timedelta(seconds=seconds)
+
+
+# The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
+INT_MAX = 2**31 - 1
+
+_FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
+
+
+def load(raw: dict[str, Any] | None = None) -> JobQueueSettings:
+    """Build the settings from a ``JOBQUEUE`` dict, raising ImproperlyConfigured on bad values."""
+    if raw is None:
+        raw = getattr(settings, "JOBQUEUE", {}) or {}
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured("settings.JOBQUEUE must be a dict.")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.lower() if isinstance(key, str) else ""
+        if not name or not key.isupper() or name not in _FIELDS:
+            known = ", ".join(sorted(n.upper() for n in _FIELDS))
+            raise ImproperlyConfigured(f"Unknown JOBQUEUE setting {key!r}; known: {known}.")
+        values[name] = value
+    conf = JobQueueSettings(**values)
+    _validate(conf)
+    return conf
+
+
+def _validate(conf: JobQueueSettings) -> None:
+    def positive(name: str, allow_none: bool = False) -> None:
+        value = getattr(conf, name)
+        if value is None and allow_none:
+            return
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
+
+    for name in (
+        "lease_ttl",
+        "heartbeat_interval",
+        "poll_interval",
+        "retry_backoff",
+        "retry_backoff_max",
+        "reclaim_interval",
+        "fair_share_refresh",
+        "lock_timeout",
+    ):
+        positive(name)
+    positive("timeout", allow_none=True)
+    for name in (
+        "max_attempts",
+        "reclaim_batch",
+        "max_abandoned_threads",
+        "max_args_bytes",
+        "max_result_bytes",
+    ):
+        value = getattr(conf, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
+            )
+    if (
+        isinstance(conf.shutdown_timeout, bool)
+        or not isinstance(conf.shutdown_timeout, int | float)
+        or not math.isfinite(conf.shutdown_timeout)
+        or conf.shutdown_timeout < 0
+    ):
+        raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a finite number >= 0.")
+    for name in ("group_limits", "queue_limits"):
+        limits = getattr(conf, name)
+        # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
+        if not isinstance(limits, dict) or not all(
+            isinstance(k, str)
+            and 1 <= len(k) <= 200
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and 1 <= v <= INT_MAX
+            for k, v in limits.items()
+        ):
+            raise ImproperlyConfigured(
+                f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters to "
+                f"integers from 1 to {INT_MAX}."
+            )
+    if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
+        raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
+    if conf.dynamic_limit is not None and not (
+        callable(conf.dynamic_limit) or isinstance(conf.dynamic_limit, str)
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['DYNAMIC_LIMIT'] must be a callable or the dotted path of one."
+        )
+    if not isinstance(conf.database, str):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['DATABASE'] must be a database alias (a string), not {conf.database!r}."
+        )
+    if not isinstance(conf.schedules, dict) or not all(
+        isinstance(k, str) and isinstance(v, dict) for k, v in conf.schedules.items()
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['SCHEDULES'] must map schedule names to dicts (each checked by the "
+            "system checks, django_jobqueue.E010)."
+        )
+    if not isinstance(conf.rate_limits, dict):
+        raise ImproperlyConfigured("JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
+    for group, rate in conf.rate_limits.items():
+        parse_rate(group, rate)
+    if conf.schedule_clock is not None and not (
+        callable(conf.schedule_clock) or isinstance(conf.schedule_clock, str)
+    ):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['SCHEDULE_CLOCK'] must be a callable or the dotted path of one."
+        )
+    _validate_retention(conf.retention)
+    if conf.heartbeat_interval * 2 > conf.lease_ttl:
+        raise ImproperlyConfigured(
+            "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
+            "so one missed heartbeat does not lose a live lease."
+        )
+    if conf.database not in settings.DATABASES:
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
+        )
+    if not isinstance(conf.default_queue, str) or not 1 <= len(conf.default_queue) <= 100:
+        raise ImproperlyConfigured(
+            "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters."
+        )
+
+
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
+    """Return (starts, period in seconds) of a RATE_LIMITS entry such as "60/m"."""
+    text = rate.strip() if isinstance(rate, str) else ""
+    count, _, period = text.partition("/")
+    if (
+        not isinstance(group, str)
+        or not count.isdigit()
+        or int(count) < 1
+        or period not in RATE_PERIODS
+    ):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['RATE_LIMITS'][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
+            "a whole N >= 1 (at most N starts of the group in any window of that length)."
+        )
+    return int(count), RATE_PERIODS[period]
+
+
+def _validate_retention(retention: Any) -> None:
+    if not isinstance(retention, dict):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['RETENTION'] must map final states (done, cancelled, dead) to ages."
+        )
+    for state, age in retention.items():
+        if state not in FINAL_STATES:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE['RETENTION'] names {state!r}, which is not a final state "
+                f"({', '.join(FINAL_STATES)})."
+            )
+        if age is not None:
+            try:
+                parse_age(age)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"JOBQUEUE['RETENTION'][{state!r}]: {exc}") from None
+
+
+_current: tuple[Any, Any, JobQueueSettings] | None = None
+
+
+def get() -> JobQueueSettings:
+    """Return the current settings: validated once per JOBQUEUE (and DATABASES) object.
+
+    Cached because enqueue() asks for them every time: validating the dict each time cost
+    more than the INSERT. override_settings (or the pytest-django `settings` fixture) puts new
+    objects in place, so a change made that way is seen at once; a dict changed in place is
+    not.
+    """
+    global _current
+    raw = getattr(settings, "JOBQUEUE", None)
+    databases = settings.DATABASES
+    current = _current
+    if current is None or current[0] is not raw or current[1] is not databases:
+        current = _current = (raw, databases, load(raw))
+    return current[2]

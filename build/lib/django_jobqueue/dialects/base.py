@@ -1,0 +1,598 @@
+"""Shared transaction, locking and hot-path logic, and the capability flags dialects override.
+
+The claim and the batched finish are the worker's hot path. The portable versions here use
+the ORM (a locking read, then an UPDATE by ids: two statements); a dialect whose database can
+return rows from an UPDATE overrides them with one raw statement, built from the ORM's own
+compiled SQL for the portable parts (the ready filter, the database clock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import operator
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Case, Expression, F, Field, QuerySet, TextField, Value, When
+from django.db.models.sql import Query
+
+from ..claimed import CLAIM_FIELDS, ClaimedJob
+from .functions import DbNow
+
+if TYPE_CHECKING:
+    from ..models import Job, JobQuerySet
+
+logger = logging.getLogger(__name__)
+ARGS = CLAIM_FIELDS.index("args")
+
+
+@dataclasses.dataclass
+class JobDocument:
+    """New jobs' columns for one INSERT: the values all rows share, and the rest as JSON."""
+
+    fields: list[Any]  # the columns written, in order (all but id, created_at, updated_at)
+    constants: dict[int, Any]  # field index -> the value every row has (JSON as JSON text)
+    varying: list[int]  # field indexes whose values the document holds, in this order
+    document: str  # a JSON list of rows, each the values of `varying`
+    count: int
+
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Any)
+
+MAX_DELAY = 10 * 365 * 24 * 3600.0  # seconds: any longer delay is cut to ten years
+
+
+def seconds(value: float) -> dt.timedelta:
+    """Return `value` seconds as a timedelta, clamped to [0, ten years]."""
+    return dt.timedelta(seconds=min(max(0.0, value), MAX_DELAY))
+
+
+class TransientDatabaseError(DatabaseError):
+    """A write transaction kept failing on lock contention after bounded retries."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """One row a batched finish wrote: its final state and what the graph must do about it."""
+
+    job_id: int
+    state: str  # "done", or "cancelled" when cancellation was requested while it ran
+    parent_id: int | None
+    has_dependents: bool
+
+
+@dataclasses.dataclass
+class FinishReport:
+    """What a batched finish did with each (job id, attempt) it was given."""
+
+    finished: list[Finished] = dataclasses.field(default_factory=list)
+    busy: list[int] = dataclasses.field(default_factory=list)  # row locked elsewhere: try again
+    lost: list[int] = dataclasses.field(default_factory=list)  # lease no longer ours
+
+
+class Dialect:
+    """How one database claims, locks and retries; subclasses override only what differs."""
+
+    vendor = "unknown"
+    # Whether SELECT ... FOR UPDATE SKIP LOCKED gives row-level claims.
+    has_select_for_update_skip_locked = True
+    # Whether UPDATE ... RETURNING exists: the claim and the finish are then one statement.
+    can_return_rows_from_update = False
+    # Whether the database can push a wake-up to idle workers (LISTEN/NOTIFY).
+    supports_listen_notify = False
+    # Human-readable name of the claim strategy, for the worker's start-up line.
+    claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED"
+    # Attempts of a write transaction that hits lock contention, and its backoff.
+    transient_retries = 8
+    transient_backoff = 0.01
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._sql_cache: dict[Any, tuple[str, list[Any]]] = {}
+        self._loaders: dict[Any, list[Any]] = {}
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        """The current thread's connection for this alias."""
+        return connections[self.using]
+
+    def check_server(self) -> None:
+        """Raise UnsupportedDatabaseError if this server cannot run the queue."""
+
+    def describe(self) -> str:
+        """Return 'flavour version' of the server, for logs."""
+        conn = self.connection
+        conn.ensure_connection()
+        return f"{conn.display_name} {'.'.join(map(str, conn.get_database_version()))}"
+
+    def now(self) -> dt.datetime:
+        """Return the database server's current time (aware, UTC), read at this instant."""
+        sql, params = self.clock_sql()
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sql}", params)
+            value: Any = cursor.fetchone()[0]
+        if isinstance(value, str):  # SQLite returns its clock as text
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see W003)
+            value = value.replace(tzinfo=dt.UTC)
+        moment: dt.datetime = value.astimezone(dt.UTC)
+        return moment
+
+    def clock_sql(self) -> tuple[str, list[Any]]:
+        """The SQL of the server's clock at the moment a statement runs."""
+        return self.compile(DbNow())
+
+    # -- locks and transactions ------------------------------------------------------------
+
+    def lock(self, queryset: QuerySet[M]) -> QuerySet[M]:
+        """Return `queryset` with the row locks a claim needs."""
+        return queryset.select_for_update(skip_locked=True)
+
+    def lock_blocking(self, queryset: QuerySet[M]) -> QuerySet[M]:
+        """Return `queryset` locking its rows, waiting for other holders."""
+        return queryset.select_for_update()
+
+    def begin(self) -> None:
+        """Prepare the connection for a write transaction; called inside atomic()."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether `exc` is lock contention that a retry of the whole transaction may cure."""
+        return False
+
+    def bound_waits(self, lock_timeout: float, idle_timeout: float | None = None) -> None:
+        """Bound every lock wait of this thread's connection to `lock_timeout` seconds.
+
+        For the worker's own threads (their connections never run a handler's queries): a
+        statement that would wait longer for a row lock, or for SQLite's write lock, fails
+        with a transient error instead. Where the server can, a transaction left idle for
+        `idle_timeout` seconds is ended by the server: a worker process frozen in the middle
+        of one (SIGSTOP, a paused VM) then holds no row lock for longer than that. Applied
+        once per underlying connection.
+        """
+        conn: Any = self.connection
+        conn.ensure_connection()
+        key = (id(conn.connection), lock_timeout, idle_timeout)
+        if getattr(conn, "_jobqueue_bound_waits", None) != key:
+            self._bound_waits(lock_timeout, idle_timeout)
+            conn._jobqueue_bound_waits = key
+
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+        """Set the session's lock wait bound (the dialect's own statements)."""
+
+    def run_in_transaction(self, func: Callable[[], T], *, tries: int | None = None) -> T:
+        """Run `func` in one write transaction, retrying it whole on transient lock errors.
+
+        `func` must only touch this database: it may run more than once.
+        """
+        delay = self.transient_backoff
+        tries = tries or self.transient_retries
+        for attempt in range(1, tries + 1):
+            try:
+                with self._atomic():
+                    self.begin()
+                    return func()
+            except DatabaseError as exc:
+                if not self.is_transient(exc):
+                    raise
+                if attempt == tries:
+                    raise TransientDatabaseError(
+                        f"gave up after {attempt} attempts on lock contention: {exc}"
+                    ) from exc
+                logger.debug("Transient database error (attempt %s): %s", attempt, exc)
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    def run_in_caller_transaction(self, func: Callable[[], T]) -> T:
+        """Run `func` in a savepoint of the caller's open transaction, else as run_in_transaction.
+
+        The savepoint keeps the caller's transaction usable when `func` raises. In its own
+        transaction `func` is retried whole on deadlocks and busy errors (workers lock the same
+        rows in other orders), and on SQLite it starts with BEGIN IMMEDIATE.
+        """
+        if self.connection.in_atomic_block:
+            with transaction.atomic(using=self.using):
+                return func()
+        return self.run_in_transaction(func)
+
+    @property
+    def autocommit_statements(self) -> bool:
+        """Whether the claim (without planning) and the finish of simple jobs may run as
+        single statements in autocommit, saving a transaction's BEGIN and COMMIT trips."""
+        return False
+
+    def run_statement(self, func: Callable[[], T]) -> T:
+        """Run `func`, one statement in autocommit, retrying it on transient lock errors."""
+        delay = self.transient_backoff
+        for attempt in range(1, self.transient_retries + 1):
+            try:
+                if self.connection.in_atomic_block:
+                    raise RuntimeError("Worker statements must not run inside a transaction.")
+                return func()
+            except DatabaseError as exc:
+                if not self.is_transient(exc) or attempt == self.transient_retries:
+                    raise
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    def finish_simple(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> list[Finished]:
+        """Finish, in one autocommit statement, the jobs of `items` that need nothing else.
+
+        Only where `autocommit_statements`; see PostgreSQLDialect.
+        """
+        raise NotImplementedError
+
+    def _atomic(self) -> Any:
+        if self.connection.in_atomic_block:
+            raise RuntimeError("Worker transactions must not run inside another transaction.")
+        return transaction.atomic(using=self.using)
+
+    # -- wake-up -----------------------------------------------------------------------------
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Tell workers in other processes that `queues` have ready work, on commit."""
+
+    def create_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        """Create whatever makes an INSERT of ready jobs wake workers (a migration step)."""
+
+    def drop_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        """Undo create_notify_trigger()."""
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def storage_tuning(self) -> list[str]:
+        """Statements that tune the queue tables' storage for their churn (none by default)."""
+        return []
+
+    # -- SQL building blocks -----------------------------------------------------------------
+
+    def compile(self, expression: Any) -> tuple[str, list[Any]]:
+        """Return the SQL and parameters of an ORM expression on this database."""
+        from ..models import Job
+
+        query = Query(Job)
+        compiler = query.get_compiler(using=self.using)
+        sql, params = compiler.compile(expression.resolve_expression(query))
+        return sql, list(params)
+
+    def compile_query(self, queryset: QuerySet[Any]) -> tuple[str, list[Any]]:
+        """Return the SQL and parameters of a SELECT queryset (inside a transaction)."""
+        sql, params = queryset.query.get_compiler(using=self.using).as_sql()
+        return sql, list(params)
+
+    def compile_claim(
+        self, ready: JobQuerySet, limit: int, shape: Any = None
+    ) -> tuple[str, list[Any]]:
+        """The SQL of the claim's choice: the ids of the best `limit` ready jobs, locked.
+
+        With `shape` (what tells this `ready` queryset from others: the queues), it is
+        compiled by the ORM once and kept: the ready filter uses the database clock in SQL,
+        so the statement never changes for a given shape and limit.
+        """
+        key = ("claim", shape, limit)
+        if shape is None or key not in self._sql_cache:
+            # select_for_update() compiles only inside a transaction (even in autocommit use).
+            with transaction.atomic(using=self.using):
+                self._sql_cache[key] = self.compile_query(
+                    self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
+                )
+        sql, params = self._sql_cache[key]
+        return sql, list(params)
+
+    def promote(self, ids: Sequence[int]) -> set[str]:
+        """Make the locked waiting jobs `ids` whose upstreams are all done runnable.
+
+        They become `ready`, or `scheduled` when their `run_after` lies ahead. Returns the
+        queues of the jobs promoted. Portable version: the blocked ones, then an UPDATE.
+        """
+        from ..models import Job, JobDependency
+
+        not_done = [s for s in Job.State.values if s != Job.State.DONE]
+        blocked = set(
+            JobDependency.objects.using(self.using)
+            .filter(job_id__in=self.id_set(ids), depends_on__state__in=not_done)
+            .values_list("job_id", flat=True)
+        )
+        runnable = [pk for pk in ids if pk not in blocked]
+        if not runnable:
+            return set()
+        jobs = Job.objects.using(self.using)
+        chosen = jobs.filter(pk__in=self.id_set(runnable), state=Job.State.WAITING)
+        queues = set(chosen.order_by().values_list("queue", flat=True).distinct())
+        later = Case(
+            When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),
+            default=Value(Job.State.READY),
+        )
+        return queues if chosen.update(state=later, updated_at=DbNow()) else set()
+
+    # -- bulk insert --------------------------------------------------------------------------
+
+    def insert_jobs(self, jobs: list[Job]) -> None:
+        """Insert unsaved `jobs` and set their primary keys (one statement where possible)."""
+        from ..models import Job
+
+        Job.objects.using(self.using).bulk_create(jobs, batch_size=500)
+
+    def _insert_document(self, jobs: list[Job]) -> JobDocument | None:
+        """The jobs' columns as one JSON document (a list of rows), or None if it cannot be.
+
+        JSON columns travel as JSON inside it (objects, arrays or null: what a new job's
+        JSON columns hold), datetimes as the text this database stores; `created_at` and
+        `updated_at` are left to the database clock. Anything else takes the generic path.
+        A column that holds the same value in every job travels once, as a parameter: most
+        columns of a bulk enqueue do, and the database then parses a fraction of the JSON.
+        """
+        from django.db.models import DateTimeField, JSONField
+
+        from ..models import Job
+
+        fields = [
+            f
+            for f in Job._meta.concrete_fields
+            if not f.primary_key and f.attname not in ("created_at", "updated_at")
+        ]
+        read = operator.attrgetter(*(f.attname for f in fields))
+        dates = [n for n, f in enumerate(fields) if isinstance(f, DateTimeField)]
+        documents = [n for n, f in enumerate(fields) if isinstance(f, JSONField)]
+        ops = self.connection.ops
+        rows = []
+        for job in jobs:
+            row = list(read(job))
+            for n in documents:
+                if not isinstance(row[n], dict | list | None):
+                    return None
+            for n in dates:
+                if row[n] is not None:
+                    if isinstance(row[n], Expression):
+                        return None  # a value the database computes
+                    row[n] = str(ops.adapt_datetimefield_value(row[n]))
+            rows.append(row)
+        if not rows:
+            return None
+        first = rows[0]
+        same = [
+            n
+            for n in range(len(fields))
+            if all(type(row[n]) is type(first[n]) and row[n] == first[n] for row in rows)
+        ]
+        varying = [n for n in range(len(fields)) if n not in set(same)]
+        try:
+            constants = {
+                n: json.dumps(first[n], allow_nan=False)
+                if n in documents and first[n] is not None
+                else first[n]
+                for n in same
+            }
+            document = json.dumps([[row[n] for n in varying] for row in rows], allow_nan=False)
+        except (TypeError, ValueError):
+            return None  # an expression or an odd value somewhere: the generic path
+        return JobDocument(fields, constants, varying, document, len(rows))
+
+    def id_set(self, ids: Sequence[int]) -> Any:
+        """What `pk__in=` takes for many ids: here the list (an IN list of parameters).
+
+        A dialect whose database can take the ids as one parameter (an array, a JSON
+        document) returns a subquery instead: long lists cost Django and the database less.
+        """
+        return list(ids)
+
+    def json_append(self, column: str, value: str) -> Expression:
+        """An expression appending the string `value` to the JSON array in `column`."""
+        raise NotImplementedError
+
+    def json_append_sql(self, column: str) -> str:
+        """Raw SQL appending a string parameter (%s) to the JSON array in `column`."""
+        raise NotImplementedError
+
+    def claim_sets(self, owner: str, lease_ttl: float, prefix: str = "") -> tuple[str, list[Any]]:
+        """The SET list (raw SQL, and its parameters) of marking claimed rows running.
+
+        Built once per lease TTL from the ORM's own SQL for the database clock; `prefix`
+        qualifies the columns read (a table alias and a dot).
+        """
+        key = ("claim_sets", lease_ttl, prefix)
+        if key not in self._sql_cache:
+            now, _ = self.compile(DbNow())
+            expires, expires_params = self.compile(DbNow() + seconds(lease_ttl))
+            self._sql_cache[key] = (
+                f"state = 'running', attempts = {prefix}attempts + 1, lease_owner = %s, "
+                f"lease_expires = {expires}, heartbeat_at = {now}, started_at = {now}, "
+                f"updated_at = {now}, "
+                f"worker_ids = {self.json_append_sql(prefix + 'worker_ids')}",
+                expires_params,
+            )
+        sql, expires_params = self._sql_cache[key]
+        return sql, [owner, *expires_params, owner]
+
+    def claim_columns(self, prefix: str = "") -> str:
+        """The columns a claim returns (CLAIM_FIELDS), for raw SQL."""
+        from ..models import Job
+
+        return ", ".join(prefix + self.qn(str(f.column)) for f in _claim_fields(Job))
+
+    def load_claimed(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+        """Build ClaimedJob records from raw rows of `claim_columns()`.
+
+        Django's own converters are applied, so values are what the ORM would give.
+        """
+        from ..models import Job
+
+        conn = self.connection
+        key = ("load_claimed", id(conn))
+        if key not in self._loaders:
+            converters = []
+            for n, field in enumerate(_claim_fields(Job)):
+                col = field.get_col(Job._meta.db_table)
+                found = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+                if found:
+                    converters.append((n, found, col))
+            self._loaders[key] = converters
+        converters = self._loaders[key]
+        jobs = []
+        for row in rows:
+            values = list(row)
+            for n, found, col in converters:
+                value = values[n]
+                if value == "{}" and n == ARGS:  # the usual no-argument job: no JSON parse
+                    values[n] = {}
+                    continue
+                for convert in found:
+                    value = convert(value, col, conn)
+                values[n] = value
+            jobs.append(ClaimedJob(self.using, values))
+        return jobs
+
+    def qn(self, name: str) -> str:
+        """Quote a table or column name."""
+        return self.connection.ops.quote_name(name)
+
+    # -- the claim ---------------------------------------------------------------------------
+
+    def claim_ready(
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
+        """Lock up to `limit` of the `ready` jobs in claim order and mark them running.
+
+        Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
+        by ids (two statements). `shape`: see compile_claim().
+        """
+        rows = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
+        return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
+
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        """Mark the locked jobs `ids` running under a new lease of `owner`; return them."""
+        from ..models import Job
+
+        if not ids:
+            return []
+        rows = Job.objects.using(self.using).filter(pk__in=ids).values_list(*CLAIM_FIELDS)
+        found = {job.id: job for job in self._from_orm(rows)}
+        return self._mark([found[i] for i in ids if i in found], owner=owner, lease_ttl=lease_ttl)
+
+    def _from_orm(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+        """ClaimedJob records from ORM `values_list(*CLAIM_FIELDS)` rows (converted already)."""
+        return [ClaimedJob(self.using, row) for row in rows]
+
+    def _mark(self, jobs: list[ClaimedJob], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        from ..models import Job
+
+        if not jobs:
+            return []
+        Job.objects.using(self.using).filter(pk__in=[j.id for j in jobs]).update(
+            state=Job.State.RUNNING,
+            attempts=F("attempts") + 1,
+            lease_owner=owner,
+            lease_expires=DbNow() + seconds(lease_ttl),
+            heartbeat_at=DbNow(),
+            started_at=DbNow(),
+            updated_at=DbNow(),
+            worker_ids=self.json_append("worker_ids", owner),
+        )
+        for job in jobs:
+            job.state = Job.State.RUNNING
+            job.attempts += 1
+            job.lease_owner = owner
+        return jobs
+
+    # -- the batched finish ------------------------------------------------------------------
+
+    def finish_many(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> FinishReport:
+        """Store each (job id, attempt, result as JSON text) and mark the job done, fenced.
+
+        Runs inside a transaction. A row another transaction holds locked is skipped (`busy`)
+        rather than waited for; a row whose lease is no longer (owner, attempt) is `lost`. A
+        job whose cancellation was requested ends `cancelled` and its result is discarded.
+        Portable version: a locking read, then one UPDATE per final state.
+        """
+        from ..models import Job
+
+        jobs = Job.objects.using(self.using)
+        wanted = {job_id: attempt for job_id, attempt, _ in items}
+        fence = jobs.filter(pk__in=list(wanted), lease_owner=owner, state__in=Job.LEASED_STATES)
+        rows = list(
+            self.lock(fence.order_by("pk")).values_list(
+                "pk", "attempts", "cancel_requested", "parent_id", "has_dependents"
+            )
+        )
+        report = FinishReport()
+        mine = [r for r in rows if wanted[r[0]] == r[1]]
+        self._sort_missing(report, wanted, {r[0] for r in mine}, owner)
+        texts = {job_id: text for job_id, _, text in items}
+        done = [r for r in mine if not r[2]]
+        cancelled = [r for r in mine if r[2]]
+        if done:
+            ids = [r[0] for r in done]
+            values = terminal_columns(Job.State.DONE)
+            if any(texts[i] is not None for i in ids):
+                # JSON text straight into the column: SQLite and MariaDB store JSON as text,
+                # MySQL parses a string assigned to a JSON column.
+                values["result"] = Case(
+                    *(When(pk=i, then=Value(texts[i])) for i in ids if texts[i] is not None),
+                    default=Value(None),
+                    output_field=TextField(),
+                )
+            jobs.filter(pk__in=ids).update(**values)
+        if cancelled:
+            jobs.filter(pk__in=[r[0] for r in cancelled]).update(
+                **terminal_columns(Job.State.CANCELLED)
+            )
+        for pk, _, cancel, parent_id, has_dependents in mine:
+            state = Job.State.CANCELLED if cancel else Job.State.DONE
+            report.finished.append(Finished(pk, str(state), parent_id, has_dependents))
+        return report
+
+    def _sort_missing(
+        self, report: FinishReport, wanted: dict[int, int], mine: set[int], owner: str
+    ) -> None:
+        """File the jobs of `wanted` not in `mine` as busy (locked elsewhere) or lost."""
+        from ..models import Job
+
+        missing = sorted(set(wanted) - mine)
+        if not missing:
+            return
+        still = dict(
+            Job.objects.using(self.using)
+            .filter(pk__in=missing, lease_owner=owner, state__in=Job.LEASED_STATES)
+            .values_list("pk", "attempts")
+        )
+        for job_id in missing:
+            if self.has_select_for_update_skip_locked and still.get(job_id) == wanted[job_id]:
+                report.busy.append(job_id)
+            else:
+                report.lost.append(job_id)
+
+
+def _claim_fields(model: Any) -> list[Field[Any, Any]]:
+    return [model._meta.get_field(name.removesuffix("_id")) for name in CLAIM_FIELDS]
+
+
+def terminal_columns(state: str, **extra: Any) -> dict[str, Any]:
+    """Return the column values of a move to the final `state` (ends lease and unique slot)."""
+    return {
+        "state": state,
+        "lease_owner": None,
+        "lease_expires": None,
+        "finished_at": DbNow(),
+        "updated_at": DbNow(),
+        "unique_slot": None,
+        **extra,
+    }

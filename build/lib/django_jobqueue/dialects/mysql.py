@@ -1,0 +1,91 @@
+"""MySQL 8.0.1+ and MariaDB 10.6+: exclusive FOR UPDATE SKIP LOCKED, READ COMMITTED pinned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.models import Expression, F, Func, JSONField, Value
+
+from ..exceptions import UnsupportedDatabaseError
+from .base import Dialect
+
+MYSQL_MIN = (8, 0, 1)
+MARIADB_MIN = (10, 6)
+# Server error codes worth retrying the whole transaction for: lock wait timeout, deadlock.
+_TRANSIENT_CODES = {1205, 1213}
+
+
+def version_error(is_mariadb: bool, version: tuple[int, ...]) -> str | None:
+    """Return why this server version cannot run the queue, or None when it can."""
+    minimum = MARIADB_MIN if is_mariadb else MYSQL_MIN
+    if tuple(version[: len(minimum)]) >= minimum:
+        return None
+    flavour = "MariaDB" if is_mariadb else "MySQL"
+    return (
+        f"{flavour} {'.'.join(map(str, version))} is too old: SKIP LOCKED needs "
+        f"{flavour} {'.'.join(map(str, minimum))} or newer (it is a syntax error before)."
+    )
+
+
+class MySQLDialect(Dialect):
+    vendor = "mysql"
+    claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
+
+    def check_server(self) -> None:
+        conn: Any = self.connection
+        conn.ensure_connection()
+        problem = version_error(conn.mysql_is_mariadb, conn.mysql_version)
+        if problem:
+            raise UnsupportedDatabaseError(problem)
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT ENGINE FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                ["django_jobqueue_job"],
+            )
+            row: Any = cursor.fetchone()
+        if row is not None and str(row[0]).upper() != "INNODB":
+            raise UnsupportedDatabaseError(
+                f"Table django_jobqueue_job uses the {row[0]} engine; row locks and "
+                "SKIP LOCKED need InnoDB (ALTER TABLE django_jobqueue_job ENGINE=InnoDB)."
+            )
+
+    def describe(self) -> str:
+        conn: Any = self.connection
+        conn.ensure_connection()
+        flavour = "MariaDB" if conn.mysql_is_mariadb else "MySQL"
+        return f"{flavour} {conn.mysql_server_info}"
+
+    def begin(self) -> None:
+        # MySQL's default is REPEATABLE READ, whose snapshot can hide rows committed after the
+        # transaction began. Django connects with READ COMMITTED unless the project chose
+        # otherwise; pin it for this transaction when it did (allowed before the first statement).
+        level = getattr(self.connection, "isolation_level", None)
+        if level != "read committed":
+            with self.connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+        # Session-wide, and only on the worker's own connections (never a handler's).
+        conn: Any = self.connection
+        with conn.cursor() as cursor:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(lock_timeout))}")
+            # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting.
+            if idle_timeout and conn.mysql_is_mariadb:
+                cursor.execute(
+                    f"SET SESSION idle_transaction_timeout = {max(1, round(idle_timeout))}"
+                )
+
+    def json_append(self, column: str, value: str) -> Expression:
+        return Func(
+            F(column),
+            Value("$"),
+            Value(value),
+            function="JSON_ARRAY_APPEND",
+            output_field=JSONField(),
+        )
+
+    def is_transient(self, exc: BaseException) -> bool:
+        args: Any = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())
+        return isinstance(exc, DatabaseError) and bool(args) and args[0] in _TRANSIENT_CODES

@@ -1,0 +1,346 @@
+"""PostgreSQL: row claims with FOR UPDATE SKIP LOCKED in READ COMMITTED transactions, one
+statement per claim and per finished batch (UPDATE ... RETURNING), and LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+from django.db.models.expressions import RawSQL
+
+from .base import Dialect, Finished, FinishReport
+from .functions import DbNow
+
+if TYPE_CHECKING:
+    from ..claimed import ClaimedJob
+    from ..models import Job, JobQuerySet
+
+# SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
+# lock_not_available (a lock wait ran into the worker's lock_timeout).
+_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}
+CHANNEL = "django_jobqueue"  # the LISTEN/NOTIFY channel; the payload is the queue's name
+_TRIGGER_FUNCTION = "django_jobqueue_notify_ready"
+
+
+class PostgreSQLDialect(Dialect):
+    vendor = "postgresql"
+    can_return_rows_from_update = True
+    supports_listen_notify = True
+    claim_strategy = "UPDATE ... RETURNING over SELECT ... FOR UPDATE SKIP LOCKED (READ COMMITTED)"
+
+    def begin(self) -> None:
+        # READ COMMITTED is PostgreSQL's default; pin it only when the project configured
+        # another level, so each claim statement sees rows committed after the transaction began.
+        conn = self.connection
+        level = conn.settings_dict.get("OPTIONS", {}).get("isolation_level")
+        if level is not None and str(level).upper().replace("_", " ") not in (
+            "READ COMMITTED",
+            "IsolationLevel.READ COMMITTED",
+        ):
+            with conn.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def clock_sql(self) -> tuple[str, list[Any]]:
+        # now() is the time the transaction began; a transaction that waited for a lock
+        # must see the time it reads the clock.
+        return "CLOCK_TIMESTAMP()", []
+
+    def is_transient(self, exc: BaseException) -> bool:
+        cause = exc.__cause__
+        # psycopg 3 names it sqlstate, psycopg2 pgcode.
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return isinstance(exc, DatabaseError) and code in _TRANSIENT_SQLSTATES
+
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+            if idle_timeout:
+                cursor.execute(
+                    "SET idle_in_transaction_session_timeout = "
+                    f"'{max(1, int(idle_timeout * 1000))}ms'"
+                )
+
+    # -- wake-up -----------------------------------------------------------------------------
+
+    def notify(self, queues: Iterable[str]) -> None:
+        # NOTIFY inside the transaction is delivered at its commit, and never on rollback.
+        with self.connection.cursor() as cursor:
+            for queue in sorted(set(queues)):
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+
+    def create_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        # One NOTIFY per INSERT statement and queue (not per row), sent by the enqueuing
+        # transaction, so producers in any process or host wake the workers on commit.
+        qn = schema_editor.quote_name
+        schema_editor.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION {_TRIGGER_FUNCTION}() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_notify('{CHANNEL}', q.queue)
+                FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'ready') AS q;
+                RETURN NULL;
+            END $$
+            """
+        )
+        schema_editor.execute(
+            f"CREATE TRIGGER {_TRIGGER_FUNCTION} AFTER INSERT ON {qn(table)} "
+            f"REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT "
+            f"EXECUTE FUNCTION {_TRIGGER_FUNCTION}()"
+        )
+
+    def drop_notify_trigger(self, schema_editor: Any, table: str) -> None:
+        qn = schema_editor.quote_name
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {_TRIGGER_FUNCTION} ON {qn(table)}")
+        schema_editor.execute(f"DROP FUNCTION IF EXISTS {_TRIGGER_FUNCTION}()")
+
+    def storage_tuning(self) -> list[str]:
+        # The jobs table is rewritten row by row all day: free room in each page lets a new
+        # row version stay on its page (a HOT update when no indexed column changed), and
+        # autovacuum must visit after 1% of the rows died rather than 20%, or dead rows pile
+        # up in the ready index between visits. fillfactor applies to pages written from now
+        # on (VACUUM FULL or pg_repack rewrite the old ones).
+        from ..models import Job, JobDependency
+
+        job, edge = self.qn(Job._meta.db_table), self.qn(JobDependency._meta.db_table)
+        return [
+            f"ALTER TABLE {job} SET (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.05, "
+            "autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 1)",
+            f"ALTER TABLE {edge} SET (autovacuum_vacuum_scale_factor = 0.05, "
+            "autovacuum_analyze_scale_factor = 0.05)",
+        ]
+
+    def promote(self, ids: Sequence[int]) -> set[str]:
+        # One statement: the test for unfinished upstreams is a NOT EXISTS in the UPDATE,
+        # the ids one array parameter, and the queues come back with RETURNING.
+        from ..models import Job, JobDependency
+
+        job = self.qn(Job._meta.db_table)
+        edge = self.qn(JobDependency._meta.db_table)
+        now, _ = self.compile(DbNow())
+        sql = f"""
+            UPDATE {job} AS j
+            SET state = CASE WHEN j.run_after > {now} THEN 'scheduled' ELSE 'ready' END,
+                updated_at = {now}
+            WHERE j.id = ANY(%s::bigint[]) AND j.state = 'waiting'
+              AND NOT EXISTS (
+                SELECT 1 FROM {edge} AS e JOIN {job} AS u ON u.id = e.depends_on_id
+                WHERE e.job_id = j.id AND u.state <> 'done'
+              )
+            RETURNING j.queue
+        """
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [list(ids)])
+            return {queue for (queue,) in cursor.fetchall()}
+
+    def insert_jobs(self, jobs: list[Job]) -> None:
+        # One INSERT ... SELECT over a JSON document, instead of Django's bulk_create (whose
+        # per-field preparation of every row was most of enqueue_many()'s time).
+        from ..models import Job
+
+        found = self._insert_document(jobs)
+        if found is None:
+            return super().insert_jobs(jobs)
+        now, _ = self.compile(DbNow())
+        values, params = [], []
+        for n, field in enumerate(found.fields):
+            kind = (
+                "jsonb"
+                if field.get_internal_type() == "JSONField"
+                else field.db_type(self.connection)
+            )
+            if n in found.constants:
+                values.append(f"%s::{kind}")
+                params.append(found.constants[n])
+            elif kind == "jsonb":
+                values.append(f"NULLIF(r->{found.varying.index(n)}, 'null'::jsonb)")
+            else:
+                values.append(f"(r->>{found.varying.index(n)})::{kind}")
+        columns = [self.qn(str(f.column)) for f in found.fields]
+        sql = (
+            f"INSERT INTO {self.qn(Job._meta.db_table)} "
+            f"({', '.join(columns)}, created_at, updated_at) "
+            f"SELECT {', '.join(values)}, {now}, {now} "
+            "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n "
+            "RETURNING id, created_at"
+        )
+        document = found.document
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, document])
+            for job, (pk, created) in zip(jobs, cursor.fetchall(), strict=True):
+                job.pk = pk
+                job.created_at = job.updated_at = created
+                job._state.adding = False
+                job._state.db = self.using
+
+    def id_set(self, ids: Sequence[int]) -> Any:
+        # One array parameter instead of an IN list of thousands of parameters.
+        return RawSQL("SELECT unnest(%s::bigint[])", (list(ids),))
+
+    def listener(self) -> Listener:
+        """Return a LISTEN connection of this thread (its own, never used for anything else)."""
+        return Listener(self)
+
+    # -- the claim and the finish: one statement each ----------------------------------------
+
+    def claim_ready(
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
+        from ..models import Job
+
+        inner, params = self.compile_claim(ready, limit, shape)
+        sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
+        table = self.qn(Job._meta.db_table)
+        sql = (
+            f"WITH c (id) AS ({inner}) UPDATE {table} AS j SET {sets} FROM c WHERE j.id = c.id "
+            f"RETURNING {self.claim_columns('j.')}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, *set_params])
+            rows = self.load_claimed(cursor.fetchall())
+        rows.sort(key=lambda r: (-r.priority, r.id))
+        return rows
+
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        from ..models import Job
+
+        if not ids:
+            return []
+        sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
+        table = self.qn(Job._meta.db_table)
+        sql = (
+            f"UPDATE {table} AS j SET {sets} WHERE j.id = ANY(%s) "
+            f"RETURNING {self.claim_columns('j.')}"
+        )
+        order = {pk: n for n, pk in enumerate(ids)}
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*set_params, ids])
+            claimed = self.load_claimed(cursor.fetchall())
+        claimed.sort(key=lambda r: order[r.id])
+        return claimed
+
+    def json_append_sql(self, column: str) -> str:
+        return f"{column} || jsonb_build_array(%s::text)"
+
+    def finish_many(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> FinishReport:
+        rows = self._finish_statement(owner, items, only_simple=False)
+        report = FinishReport(
+            [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+        )
+        self._sort_missing(
+            report, {i: a for i, a, _ in items}, {f.job_id for f in report.finished}, owner
+        )
+        return report
+
+    def finish_simple(
+        self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
+    ) -> list[Finished]:
+        # In autocommit, one statement: only jobs that nothing depends on and that belong to
+        # no container, which need nothing else in their transaction. A row locked elsewhere,
+        # or whose lease is gone, or that needs the graph to react, is not returned.
+        rows = self._finish_statement(owner, items, only_simple=True)
+        return [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+
+    def _finish_statement(
+        self, owner: str, items: Sequence[tuple[int, int, str | None]], *, only_simple: bool
+    ) -> list[Any]:
+        from ..models import Job
+
+        table = self.qn(Job._meta.db_table)
+        key = ("finish_sql", table, only_simple)
+        if key not in self._sql_cache:
+            now, _ = self.compile(DbNow())
+            simple = "AND NOT j.has_dependents AND j.parent_id IS NULL" if only_simple else ""
+            # The batch travels as one JSON document (one C-level json.dumps here, one parse
+            # on the server), not as arrays dumped element by element. The rows are locked
+            # with SKIP LOCKED first: a row an application transaction holds locked is left
+            # for the next batch instead of stalling every other outcome.
+            self._sql_cache[key] = (
+                f"""
+                WITH v AS (
+                    SELECT * FROM jsonb_to_recordset(%s::jsonb)
+                        AS v(id bigint, attempt int, result jsonb)
+                ), locked AS (
+                    SELECT j.id, j.cancel_requested FROM {table} AS j JOIN v ON v.id = j.id
+                    WHERE j.attempts = v.attempt AND j.lease_owner = %s
+                      AND j.state IN ('leased', 'running') {simple}
+                    FOR UPDATE OF j SKIP LOCKED
+                )
+                UPDATE {table} AS j SET
+                    state = CASE WHEN l.cancel_requested THEN 'cancelled' ELSE 'done' END,
+                    result = CASE WHEN l.cancel_requested OR jsonb_typeof(v.result) = 'null'
+                        THEN NULL ELSE v.result END,
+                    lease_owner = NULL, lease_expires = NULL, unique_slot = NULL,
+                    finished_at = {now}, updated_at = {now}
+                FROM locked AS l JOIN v ON v.id = l.id
+                WHERE j.id = l.id
+                RETURNING j.id, j.state, j.parent_id, j.has_dependents
+                """,
+                [],
+            )
+        sql, _ = self._sql_cache[key]
+        # The results are JSON text already: spliced in as they are (None is JSON null, which
+        # the statement stores as SQL NULL, as the ORM stores a None result).
+        batch = (
+            "["
+            + ",".join(
+                f'{{"id":{i},"attempt":{a},"result":{"null" if t is None else t}}}'
+                for i, a, t in items
+            )
+            + "]"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [batch, owner])
+            return list(cursor.fetchall())
+
+    @property
+    def autocommit_statements(self) -> bool:
+        # Only at READ COMMITTED (PostgreSQL's default): at a stricter level configured for
+        # the project, a claim must run in a transaction that pins READ COMMITTED first.
+        level = self.connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
+        return level is None or str(level).upper().replace("_", " ") in (
+            "READ COMMITTED",
+            "ISOLATIONLEVEL.READ COMMITTED",
+        )
+
+
+class Listener:
+    """A LISTEN on the queue channel, on the calling thread's own connection."""
+
+    def __init__(self, dialect: PostgreSQLDialect) -> None:
+        self.dialect = dialect
+        conn = dialect.connection
+        conn.ensure_connection()
+        if conn.in_atomic_block or not conn.get_autocommit():
+            raise RuntimeError("LISTEN needs a connection in autocommit mode.")
+        self.raw: Any = conn.connection
+        with conn.cursor() as cursor:
+            cursor.execute(f"LISTEN {CHANNEL}")
+
+    def wait(self, timeout: float) -> list[str]:
+        """Block up to `timeout` seconds for notifications; return their payloads (queues)."""
+        # Raw driver calls: a cut connection raises the driver's error; wrapped, Django's
+        # DatabaseError, which the duty takes for an outage (reconnect), not for a bug.
+        with self.dialect.connection.wrap_database_errors:
+            if hasattr(self.raw, "notifies") and callable(self.raw.notifies):  # psycopg 3
+                return [n.payload for n in self.raw.notifies(timeout=timeout, stop_after=1)]
+            # psycopg2: wait for the socket, then collect what arrived.
+            if select.select([self.raw], [], [], timeout)[0]:
+                self.raw.poll()
+            payloads = [n.payload for n in self.raw.notifies]
+            self.raw.notifies.clear()
+            return payloads
+
+    def close(self) -> None:
+        self.dialect.connection.close()

@@ -1,0 +1,174 @@
+"""SQLite: no row locks, so a claim takes the database write lock up front (BEGIN IMMEDIATE);
+from SQLite 3.35 the claim is one UPDATE ... RETURNING inside it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DatabaseError, transaction
+from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
+from django.db.models.expressions import RawSQL
+
+from .base import Dialect
+from .functions import DbNow
+
+if TYPE_CHECKING:
+    from ..claimed import ClaimedJob
+    from ..models import Job, JobQuerySet
+
+M = TypeVar("M", bound=Any)
+
+# Primary result codes of a lock conflict: SQLITE_BUSY, SQLITE_LOCKED.
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+class SQLiteDialect(Dialect):
+    vendor = "sqlite"
+    has_select_for_update_skip_locked = False
+    claim_strategy = "BEGIN IMMEDIATE (database write lock, busy retry with backoff)"
+    transient_retries = 12
+    can_return_rows_from_update = sqlite3.sqlite_version_info >= (3, 35)
+
+    def lock(self, queryset: QuerySet[M]) -> QuerySet[M]:
+        # select_for_update() is silently ignored on SQLite; the claim is safe only because
+        # the transaction took the write lock at BEGIN IMMEDIATE, before reading.
+        return queryset
+
+    def lock_blocking(self, queryset: QuerySet[M]) -> QuerySet[M]:
+        return queryset
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another
+        # connection wrote in between; BEGIN IMMEDIATE reserves the write lock before the read.
+        conn: Any = self.connection
+        if conn.in_atomic_block:
+            raise RuntimeError("Worker transactions must not run inside another transaction.")
+        # Connect first: Django sets `transaction_mode` from OPTIONS while connecting, so on a
+        # thread's fresh (or closed) connection the attribute is missing, or would be reset to
+        # the configured mode (DEFERRED by default) by the connect that atomic() performs.
+        conn.ensure_connection()
+        previous = conn.transaction_mode
+        conn.transaction_mode = "IMMEDIATE"
+        try:
+            with transaction.atomic(using=self.using):
+                yield
+        finally:
+            conn.transaction_mode = previous
+
+    def is_transient(self, exc: BaseException) -> bool:
+        cause = exc.__cause__
+        if not isinstance(exc, DatabaseError) or not isinstance(cause, sqlite3.Error):
+            return False
+        code = getattr(cause, "sqlite_errorcode", None)
+        return code is not None and (code & 0xFF) in _BUSY_CODES
+
+    def journal_mode(self) -> str:
+        """Return the database's journal mode (``wal`` is what concurrent workers want)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode")
+            return str(cursor.fetchone()[0]).lower()
+
+    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+        # The busy timeout bounds the wait for the write lock (BEGIN IMMEDIATE).
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {max(1, int(lock_timeout * 1000))}")
+
+    def id_set(self, ids: Sequence[int]) -> Any:
+        # One JSON parameter instead of an IN list of parameters (SQLite caps their number).
+        return RawSQL("SELECT value FROM json_each(%s)", (json.dumps(list(ids)),))
+
+    def insert_jobs(self, jobs: list[Job]) -> None:
+        # One INSERT ... SELECT over a JSON document (json_each), instead of Django's
+        # bulk_create, whose per-field preparation of every row was most of enqueue_many()'s
+        # time. RETURNING needs SQLite 3.35.
+        from ..models import Job
+
+        found = self._insert_document(jobs) if self.can_return_rows_from_update else None
+        if found is None:
+            return super().insert_jobs(jobs)
+        now, _ = self.compile(DbNow())
+        values, params = [], []
+        for n in range(len(found.fields)):
+            if n in found.constants:
+                values.append("%s")
+                params.append(found.constants[n])
+            else:
+                values.append(f"json_extract(value, '$[{found.varying.index(n)}]')")
+        columns = [self.qn(str(f.column)) for f in found.fields]
+        sql = (
+            f"INSERT INTO {self.qn(Job._meta.db_table)} "
+            f"({', '.join(columns)}, created_at, updated_at) "
+            f"SELECT {', '.join(values)}, {now}, {now} FROM json_each(%s) ORDER BY key "
+            "RETURNING id, created_at"
+        )
+        document = found.document
+        created_at = Job._meta.get_field("created_at")
+        converters = self.connection.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, document])
+            rows = cursor.fetchall()
+        for job, (pk, created) in zip(jobs, rows, strict=True):
+            for convert in converters:
+                created = convert(created, created_at, self.connection)
+            job.pk = pk
+            job.created_at = job.updated_at = created
+            job._state.adding = False
+            job._state.db = self.using
+
+    def json_append_sql(self, column: str) -> str:
+        return f"json_insert({column}, '$[#]', %s)"
+
+    def json_append(self, column: str, value: str) -> Expression:
+        return Func(
+            F(column), Value("$[#]"), Value(value), function="json_insert", output_field=JSONField()
+        )
+
+    def claim_ready(
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
+        if not self.can_return_rows_from_update:
+            return super().claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
+            )
+        inner, params = self.compile_claim(ready, limit, shape)
+        return self._update_returning(f"id IN ({inner})", params, owner, lease_ttl)
+
+    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+        if not self.can_return_rows_from_update or not ids:
+            return super().mark_claimed(ids, owner=owner, lease_ttl=lease_ttl)
+        order = {pk: n for n, pk in enumerate(ids)}
+        marks = ", ".join(["%s"] * len(ids))
+        claimed = self._update_returning(f"id IN ({marks})", ids, owner, lease_ttl)
+        claimed.sort(key=lambda r: order[r.id])
+        return claimed
+
+    def _update_returning(
+        self, where: str, params: list[Any], owner: str, lease_ttl: float
+    ) -> list[ClaimedJob]:
+        # One statement: the write lock is already held (BEGIN IMMEDIATE), so no other claim
+        # can read these rows between the choice and the update.
+        from ..models import Job
+
+        sets, set_params = self.claim_sets(owner, lease_ttl)
+        table = self.qn(Job._meta.db_table)
+        sql = f"UPDATE {table} SET {sets} WHERE {where} RETURNING {self.claim_columns()}"
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*set_params, *params])
+            rows = self.load_claimed(cursor.fetchall())
+        for row in rows:
+            # RETURNING hands back a REAL column's integral value as stored (an int).
+            if row.timeout is not None:
+                row.timeout = float(row.timeout)
+        rows.sort(key=lambda r: (-r.priority, r.id))
+        return rows

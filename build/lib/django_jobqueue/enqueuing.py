@@ -1,0 +1,423 @@
+"""enqueue(): validate, then write a job and its edges in the caller's transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Model
+from django.db.models.base import ModelState
+from django.utils import timezone
+
+from . import conf, registry, signals, validation, wake, workflows
+from .dialects import get_dialect
+from .dialects.functions import DbNow
+from .exceptions import InvalidDependencyError, InvalidJobError
+from .models import Job, JobDependency
+from .workflows import UNFINISHED
+
+JobRef = Job | int
+BAD_UPSTREAM = (Job.State.DEAD, Job.State.CANCELLED)
+# The fields a cancellation writes, refreshed on a job that was cancelled as it was created.
+CANCEL_FIELDS = ["state", "finished_at", "cancelled_by", "last_error", "unique_slot"]
+
+
+def enqueue(
+    type: str,
+    args: dict[str, Any] | None = None,
+    *,
+    depends_on: Iterable[JobRef] = (),
+    parent: JobRef | None = None,
+    group: str = "",
+    weight: int = 1,
+    priority: int = 0,
+    queue: str | None = None,
+    run_after: dt.datetime | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    unique_key: str | None = None,
+) -> Job:
+    """Create a job for handler `type`, runnable once every job in `depends_on` is done.
+
+    The row is written in the caller's current transaction on the queue database, so it
+    commits or rolls back with the caller's own writes. When the caller's open transaction is
+    on another database, the write waits for that transaction's commit (and the returned job
+    is saved then). Every check runs before anything is written. With `unique_key`, while an
+    unfinished job holds the same key, that job is returned and nothing is inserted.
+    """
+    return _enqueue(
+        type, args, depends_on=depends_on, parent=parent, follow_caller=True,
+        group=group, weight=weight, priority=priority, queue=queue, run_after=run_after,
+        max_attempts=max_attempts, timeout=timeout, unique_key=unique_key,
+    )  # fmt: skip
+
+
+def enqueue_direct(
+    type: str,
+    args: dict[str, Any] | None = None,
+    *,
+    depends_on: Iterable[JobRef] = (),
+    parent: JobRef | None = None,
+    **options: Any,
+) -> Job:
+    """Like enqueue(), but write on the queue database at once even when the caller's open
+    transaction is on another database (the Tasks backend needs the id right away)."""
+    return _enqueue(
+        type, args, depends_on=depends_on, parent=parent, follow_caller=False, **options
+    )
+
+
+def _enqueue(
+    type: str,
+    args: dict[str, Any] | None,
+    *,
+    depends_on: Iterable[JobRef],
+    parent: JobRef | None,
+    follow_caller: bool,
+    **options: Any,
+) -> Job:
+    using = conf.get().database
+    job, delay = _build(type, args, **options)
+    upstream_ids = _ids(depends_on, using, "depends_on")
+    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+
+    other = _open_transaction_elsewhere(using) if follow_caller else None
+    if other is not None:
+        _check_refs(using, upstream_ids, parent_id, lock=False)
+        transaction.on_commit(
+            lambda: _write(job, using, upstream_ids, parent_id, delay), using=other
+        )
+        return job
+    return _write(job, using, upstream_ids, parent_id, delay)
+
+
+def _build(
+    type: str,
+    args: dict[str, Any] | None,
+    *,
+    group: str,
+    weight: int,
+    priority: int,
+    queue: str | None,
+    run_after: dt.datetime | dt.timedelta | None,
+    max_attempts: int | None,
+    timeout: float | dt.timedelta | None,
+    unique_key: str | None = None,
+    settings: conf.JobQueueSettings | None = None,
+) -> tuple[Job, dt.datetime | dt.timedelta | None]:
+    """Return an unsaved, fully validated Job and its run_after (absolute or relative)."""
+    settings = settings or conf.get()
+    registry.get(type)  # raises UnknownHandlerError
+    job = new_job(
+        type=type,
+        args=validation.check_args(type, args, settings.max_args_bytes),
+        group_key=validation.check_label("group", group, 200, allow_empty=True),
+        weight=validation.check_positive_int("weight", weight),
+        priority=validation.check_int("priority", priority),
+        queue=validation.check_label(
+            "queue", settings.default_queue if queue is None else queue, 100
+        ),
+        max_attempts=validation.check_positive_int(
+            "max_attempts", settings.max_attempts if max_attempts is None else max_attempts
+        ),
+        timeout=validation.check_timeout(settings.timeout if timeout is None else timeout),
+        unique_key=None
+        if unique_key is None
+        else validation.check_label("unique_key", unique_key, 255),
+    )
+    delay = validation.check_run_after(run_after)
+    job.run_after = delay if isinstance(delay, dt.datetime) else None
+    return job, delay
+
+
+# The attribute values of a new Job, but for the fields set by new_job's callers.
+_DEFAULTS: dict[str, Any] | None = None
+
+
+def new_job(**values: Any) -> Job:
+    """An unsaved Job with `values` and every other field at its default.
+
+    Built without Model.__init__: a profile of enqueue_many() showed the generic constructor
+    (it looks at every field and keyword in turn) as the largest cost of building a job. The
+    defaults are the model's own, taken once; mutable ones are fresh for each job. Job has no
+    pre_init/post_init receivers of its own.
+    """
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
+    job = Job.__new__(Job)
+    job.__dict__.update(_DEFAULTS)
+    job.args, job.errors, job.worker_ids = {}, [], []
+    job.__dict__.update(values)
+    job._state = ModelState()
+    return job
+
+
+def _write(
+    job: Job,
+    using: str,
+    upstream_ids: list[int],
+    parent_id: int | None,
+    delay: dt.datetime | dt.timedelta | None,
+) -> Job:
+    job.parent_id = parent_id
+    runnable = runnable_state(delay)
+    if isinstance(delay, dt.timedelta):
+        job.run_after = DbNow() + delay
+    if not upstream_ids and parent_id is None and job.unique_key is None:
+        job.state = runnable
+        if connections[using].in_atomic_block:
+            # Every check ran before, but a database can still refuse a row (a server limit
+            # lower than ours): the savepoint keeps the caller's transaction usable then.
+            with transaction.atomic(using=using):
+                job.save(using=using, force_insert=True)
+        else:
+            job.save(using=using, force_insert=True)  # one INSERT in autocommit
+    else:
+
+        def txn() -> Job | None:
+            """Write the job and its edges; return the holder of its unique key instead."""
+            job.pk = None  # a retried attempt inserts afresh
+            job._state.adding = True
+            states = _check_refs(using, upstream_ids, parent_id, lock=True)
+            waiting = any(s != Job.State.DONE for s in states.values())
+            job.state = Job.State.WAITING if waiting else runnable
+            if job.unique_key is not None:
+                existing = _insert_unique(job, using)
+                if existing is not None:
+                    return existing
+            else:
+                job.save(using=using, force_insert=True)
+            JobDependency.objects.using(using).bulk_create(
+                JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
+            )
+            mark_dependents(using, upstream_ids)
+            if any(s in BAD_UPSTREAM for s in states.values()):
+                # Fix: a job created downstream of a dead or cancelled job used to wait
+                # forever (nothing would ever cancel or promote it). It is cancelled at once
+                # in that job's name, as it would have been had it existed then, so that
+                # retrying that job revives it.
+                workflows.cancel_blocked(get_dialect(using), [job.pk])
+                job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
+            return None
+
+        # In the caller's transaction: a savepoint, so that a missing or unusable upstream or
+        # parent (the locked check raises) leaves that transaction usable. Fix: in its own
+        # transaction, it is retried whole when the database breaks a deadlock (the rows
+        # locked here are locked by workers too, in other orders).
+        existing = get_dialect(using).run_in_caller_transaction(txn)
+        if existing is not None:
+            return existing
+    if isinstance(delay, dt.timedelta):
+        job.refresh_from_db(using=using, fields=["run_after"])
+    transaction.on_commit(lambda: wake.notify(using, job.queue), using=using)
+    if signals.job_enqueued.receivers:
+        transaction.on_commit(lambda: signals.send_enqueued([job]), using=using)
+    return job
+
+
+def runnable_state(run_after: dt.datetime | dt.timedelta | None) -> str:
+    """The state of a new job that may run once `run_after` has passed.
+
+    `scheduled` (out of the ready index until the promoter finds it due) when `run_after` lies
+    ahead, else `ready`. Decided on this machine's clock; a job scheduled by a clock that runs
+    ahead of the database's is promoted at once.
+    """
+    if run_after is None:
+        return Job.State.READY
+    if isinstance(run_after, dt.timedelta):
+        return Job.State.SCHEDULED if run_after > dt.timedelta(0) else Job.State.READY
+    now = timezone.now()
+    if timezone.is_aware(run_after) != timezone.is_aware(now):
+        return Job.State.SCHEDULED  # not comparable here: the promoter decides by the database
+    return Job.State.SCHEDULED if run_after > now else Job.State.READY
+
+
+def mark_dependents(using: str, upstream_ids: Iterable[int]) -> None:
+    """Record on the (locked) upstream rows that jobs now depend on them."""
+    ids = sorted(set(upstream_ids))
+    if ids:
+        Job.objects.using(using).filter(pk__in=ids, has_dependents=False).update(
+            has_dependents=True
+        )
+
+
+def _insert_unique(job: Job, using: str) -> Job | None:
+    """Insert `job`, or return the unfinished job that already holds its unique key.
+
+    The database's unique index on (unique_key, unique_slot) decides races between producers:
+    the loser's INSERT fails (after waiting for the winner's commit) and it reads the winner.
+    """
+    dialect = get_dialect(using)
+    for _ in range(5):
+        try:
+            with transaction.atomic(using=using):
+                job.save(using=using, force_insert=True)
+            return None
+        except IntegrityError:
+            job.pk = None
+            job._state.adding = True
+            holder = dialect.lock_blocking(
+                Job.objects.using(using).filter(unique_key=job.unique_key, unique_slot=1)
+            ).first()
+            if holder is not None:
+                return holder
+    raise IntegrityError(f"could not insert or find a job with unique key {job.unique_key!r}")
+
+
+def create_container(
+    name: str, *, group: str = "", parent: JobRef | None = None, queue: str | None = None
+) -> Job:
+    """Create an open container job named `name` (used by `jobqueue.container`)."""
+    settings = conf.get()
+    using = settings.database
+    box = Job(
+        type=validation.check_label("container name", name, 200),
+        group_key=validation.check_label("group", group, 200, allow_empty=True),
+        queue=validation.check_label(
+            "queue", settings.default_queue if queue is None else queue, 100
+        ),
+        is_container=True,
+        sealed=False,
+        state=Job.State.WAITING,
+        max_attempts=1,
+    )
+    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+    other = _open_transaction_elsewhere(using)
+    if other is not None:
+        # Its children would be written at that transaction's commit, after the block had
+        # sealed the container: refuse rather than build a batch that cannot take them.
+        raise InvalidJobError(
+            f"container() cannot run inside a transaction on database {other!r} while the "
+            f"queue lives on {using!r}: open the transaction on {using!r} instead."
+        )
+
+    def txn() -> None:
+        # Fix: this ran in a plain atomic block (DEFERRED on SQLite: "database is locked"
+        # under load) and was not retried on a deadlock, unlike every other write; in the
+        # caller's transaction it is a savepoint, so a bad parent leaves that usable.
+        box.pk = None
+        box._state.adding = True
+        _check_refs(using, [], parent_id, lock=True)
+        box.parent_id = parent_id
+        box.save(using=using, force_insert=True)
+
+    get_dialect(using).run_in_caller_transaction(txn)
+    return box
+
+
+def _check_refs(
+    using: str, upstream_ids: list[int], parent_id: int | None, *, lock: bool
+) -> dict[int, str]:
+    """Return {id: state} of the upstream jobs, raising if a reference is missing or unusable.
+
+    With `lock`, the referenced rows stay locked until the transaction ends, so an upstream
+    that finishes concurrently sees this job's edge when it promotes its downstream jobs, and
+    a container cannot roll up while a child is being added.
+    """
+    wanted = set(upstream_ids) | ({parent_id} if parent_id is not None else set())
+    if not wanted:
+        return {}
+    qs: Any = Job.objects.using(using).filter(pk__in=wanted).order_by("pk")
+    if lock:
+        qs = get_dialect(using).lock_blocking(qs)
+    found = {pk: (state, box, sealed) for pk, state, box, sealed in
+             qs.values_list("pk", "state", "is_container", "sealed")}  # fmt: skip
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise InvalidDependencyError(
+            f"Job(s) {missing} do not exist on database {using!r}; a job can only depend on "
+            "(or belong to) jobs that already exist."
+        )
+    if parent_id is not None:
+        state, box, sealed = found[parent_id]
+        if not box:
+            raise InvalidDependencyError(f"parent: job {parent_id} is not a container.")
+        if sealed or state in Job.TERMINAL_STATES:
+            raise InvalidDependencyError(
+                f"parent: container {parent_id} is sealed; it takes no more children."
+            )
+        if upstream_ids:
+            _check_no_cycle(using, upstream_ids, parent_id)
+    return {pk: found[pk][0] for pk in upstream_ids}
+
+
+def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
+    """Yield, level by level, the unfinished jobs that cannot finish before the jobs `start`.
+
+    Those are the jobs downstream of them and the containers they belong to, transitively.
+    """
+    jobs = Job.objects.using(using)
+    seen = set(start)
+    frontier = set(seen)
+    while frontier:
+        yield frontier
+        ordered = sorted(frontier)
+        after = set(
+            jobs.filter(pk__in=ordered, parent_id__isnull=False)
+            .filter(parent__state__in=UNFINISHED)  # a join, not NOT IN over the table
+            .values_list("parent_id", flat=True)
+        ) | set(
+            JobDependency.objects.using(using)
+            .filter(depends_on_id__in=ordered)
+            .filter(job__state__in=UNFINISHED)
+            .values_list("job_id", flat=True)
+        )
+        frontier = after - seen
+        seen |= frontier
+
+
+def _check_no_cycle(using: str, upstream_ids: list[int], parent_id: int) -> None:
+    """Reject a child of `parent_id` that would wait for its own container to finish.
+
+    Fix: edges only point at existing jobs, but a container finishes after its children, so
+    a child depending on its container (or on anything that waits for the container, or for
+    one of its ancestors) was accepted and deadlocked: neither could ever finish.
+    """
+    wanted = set(upstream_ids)
+    for level in waits_for(using, [parent_id]):
+        hit = sorted(level & wanted)
+        if hit:
+            raise InvalidDependencyError(
+                f"depends_on: job {hit[0]} cannot finish before container {parent_id} does, "
+                "so a child of that container cannot wait for it (a cycle)."
+            )
+
+
+def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:
+    if isinstance(refs, Model | str | bytes | int) or not isinstance(refs, Iterable):
+        raise InvalidDependencyError(f"{what} must be a list of jobs or job ids, not {refs!r}.")
+    ids: list[int] = []
+    for ref in refs:
+        if isinstance(ref, Job):
+            if ref.pk is None:
+                raise InvalidDependencyError(f"{what}: job {ref!r} is not saved yet.")
+            if ref._state.db not in (None, using):
+                raise InvalidDependencyError(
+                    f"{what}: job {ref.pk} lives on database {ref._state.db!r}, but the queue "
+                    f"is on {using!r}."
+                )
+            ids.append(ref.pk)
+        elif isinstance(ref, int) and not isinstance(ref, bool):
+            if not 1 <= ref <= validation.ID_MAX:
+                raise InvalidDependencyError(
+                    f"{what}: job {ref} does not exist (job ids are from 1 to {validation.ID_MAX})."
+                )
+            ids.append(ref)
+        elif isinstance(ref, Model):
+            raise InvalidDependencyError(f"{what} must be jobs, not {type(ref).__name__}.")
+        else:
+            raise InvalidDependencyError(f"{what} must be jobs or job ids, not {ref!r}.")
+    return list(dict.fromkeys(ids))
+
+
+def _open_transaction_elsewhere(using: str) -> str | None:
+    """Return the alias of the caller's open transaction when it is not on the queue database."""
+    if connections[using].in_atomic_block:
+        return None
+    for alias in connections:
+        if alias != using and connections[alias].in_atomic_block:
+            return alias
+    return None

@@ -1,0 +1,51 @@
+"""Error records: what a failed attempt leaves in Job.last_error and Job.errors."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+# An error record stays far below what any database accepts in a row, however often a job
+# fails: message and traceback are cut (the traceback keeps its end, where the error is) and
+# the per-attempt history keeps the most recent entries.
+MAX_ERROR_MESSAGE = 2_000
+MAX_ERROR_TRACEBACK = 20_000
+MAX_ERROR_HISTORY = 25
+
+
+def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
+    """Describe `exc` for Job.last_error: class path, message, traceback, attempt."""
+    cls = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the attempt's outcome
+        message = f"<{cls.__qualname__} whose str() failed>"
+    tb = "".join(traceback.format_exception(exc)) if with_traceback else ""
+    return {
+        "type": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+        "message": _cut(storable_text(message), MAX_ERROR_MESSAGE),
+        "traceback": _cut(storable_text(tb), MAX_ERROR_TRACEBACK, keep_end=True),
+        "attempt": attempt,
+    }
+
+
+def with_error(history: list[dict[str, Any]] | None, error: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return the per-attempt error history with `error` added, at most MAX_ERROR_HISTORY long."""
+    return [*(history or []), error][-MAX_ERROR_HISTORY:]
+
+
+def storable_text(text: str) -> str:
+    """Return `text` without NUL characters and with lone surrogates escaped (\\udxxx)."""
+    text = text.replace("\x00", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _cut(text: str, limit: int, *, keep_end: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    mark = f"[... {len(text) - limit:,} characters cut ...]"
+    return mark + text[-limit:] if keep_end else text[:limit] + mark

@@ -1,0 +1,281 @@
+"""Lease transitions, each conditioned on (job id, owner, generation).
+
+A claim increments `attempts`; that number is the claim's generation. Every later write by
+the claiming worker (finish, fail, release, renew) matches id, owner, generation and a leased
+state, so an attempt whose lease was reclaimed changes nothing: it gets 0 rows back. All
+deadlines use the database clock (DbNow), never the worker's. The claim marks jobs `running`
+at once: a claimed job's handler starts within milliseconds, so a separate `running` write
+would cost a transaction per job and buy nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import F, Q
+
+from . import pausing, registry, workflows
+from .claimed import ClaimedJob
+from .dialects import Dialect
+from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
+from .dialects.functions import DbNow
+from .error_records import with_error
+from .models import Job, JobQuerySet
+
+if TYPE_CHECKING:
+    from .scheduling import Scheduler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BUSY", "MAX_DELAY", "Lease", "backoff_seconds", "claim", "fail", "finish"]
+
+# fail() could not lock the job's row (another transaction holds it): try again later.
+BUSY = "busy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A worker's hold on one attempt of one job."""
+
+    job_id: int
+    owner: str
+    attempt: int
+
+    def q(self) -> Q:
+        """Match the job row only while this lease is current."""
+        return Q(
+            pk=self.job_id,
+            lease_owner=self.owner,
+            attempts=self.attempt,
+            state__in=Job.LEASED_STATES,
+        )
+
+
+def _seconds(value: float) -> dt.timedelta:
+    return seconds(value)
+
+
+def current(leases: Iterable[Lease]) -> Q:
+    """Match the job rows of every lease in `leases` while it is current (empty Q: none)."""
+    condition = Q()
+    for lease in leases:
+        condition |= lease.q()
+    return condition
+
+
+def claim(
+    dialect: Dialect,
+    *,
+    owner: str,
+    queues: list[str],
+    limit: int,
+    lease_ttl: float,
+    scheduler: Scheduler | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to `limit` ready jobs for `owner` in one transaction; they are `running`.
+
+    The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
+    BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
+    same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
+    database has it. Jobs of paused queues are left out: the worker's `scheduler` keeps the
+    paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
+    """
+
+    # Only the types this process has handlers for: a job of another release's handler waits
+    # for a worker that has it, instead of dying here (rolling deploys). Paused queues are left
+    # out too.
+    using = dialect.using
+    paused = scheduler.paused_queues(using) if scheduler else pausing.paused_queues(using)
+    shape = (tuple(queues), registry.allowlist(), paused)
+    ready = _ready(using, *shape)
+    dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
+    if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
+        # One statement, its own transaction: no BEGIN and COMMIT round trips.
+        return dialect.run_statement(
+            lambda: dialect.claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
+            )
+        )
+
+    def txn() -> list[ClaimedJob]:
+        if scheduler is None or not scheduler.needs_planning(ready):
+            return dialect.claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
+            )
+        rows = scheduler.select(dialect, ready, limit, dynamic)
+        return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+
+    return dialect.run_in_transaction(txn)
+
+
+@functools.lru_cache(maxsize=64)
+def _ready(
+    using: str, queues: tuple[str, ...], types: tuple[str, ...], paused: tuple[str, ...]
+) -> JobQuerySet:
+    # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
+    ready = Job.objects.using(using).ready().in_queues(queues).filter(type__in=types)
+    return ready.exclude(queue__in=paused) if paused else ready
+
+
+def finish_many(
+    dialect: Dialect, owner: str, items: Sequence[tuple[int, int, str | None]]
+) -> FinishReport:
+    """Store each (job id, attempt, result as JSON text) and mark the job `done`, at once.
+
+    Fenced by the lease of `owner`: jobs whose lease is gone are reported `lost` and untouched;
+    rows locked by another transaction are reported `busy` (nothing waits for them). A job
+    whose cancellation was requested while it ran ends `cancelled`, its result discarded. The
+    graph reacts in the same transaction, and only for jobs whose rows say they have
+    dependents or a container.
+    """
+
+    done: list[Finished] = []
+    if dialect.autocommit_statements:
+        # Jobs without dependents or container need nothing else in their transaction: one
+        # statement in autocommit finishes them; the others take the full transaction below.
+        done = dialect.run_statement(lambda: dialect.finish_simple(owner=owner, items=items))
+        if len(done) == len(items):
+            return FinishReport(done)
+        finished = {f.job_id for f in done}
+        items = [item for item in items if item[0] not in finished]
+
+    def txn() -> FinishReport:
+        report = dialect.finish_many(owner=owner, items=items)
+        workflows.on_finished(dialect, report.finished)
+        return report
+
+    report = dialect.run_in_transaction(txn)
+    report.finished[:0] = done
+    return report
+
+
+def finish(
+    dialect: Dialect, lease: Lease, result: Any, *, parent_id: int | None = None
+) -> str | None:
+    """Store `result` and mark the job `done` atomically; the graph reacts in the same transaction.
+
+    A job whose cancellation was requested while it ran ends `cancelled` and its result is
+    discarded. Returns the final state, or None (writing nothing) when the lease is lost.
+    """
+    text = None if result is None else json.dumps(result)
+    report = finish_many(dialect, lease.owner, [(lease.job_id, lease.attempt, text)])
+    return report.finished[0].state if report.finished else None
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Return the delay before retry number `attempt`: exponential, capped, with +-25% jitter."""
+    # The exponent is capped before the power, or attempt 1025 would overflow a float.
+    delay = min(cap, base * 2.0 ** min(max(0, attempt - 1), 60))
+    return float(delay * random.uniform(0.75, 1.25))
+
+
+def fail(
+    dialect: Dialect,
+    lease: Lease,
+    error: dict[str, Any],
+    *,
+    retry_in: float | None = None,
+    retry_at: dt.datetime | None = None,
+    dead: bool = False,
+    parent_id: int | None = None,
+    previous_errors: list[dict[str, Any]] | None = None,
+) -> str | None:
+    """Record a failed attempt: back to `scheduled`/`ready` after a delay, or `dead`.
+
+    A job whose cancellation was requested ends `cancelled` instead. Returns the new state,
+    None when the lease is no longer current, or BUSY when another transaction holds the row
+    locked (nothing is written; try again). `previous_errors` is ignored: the history is read
+    from the row under its lock.
+    """
+
+    def txn() -> str | None:
+        jobs = Job.objects.using(dialect.using)
+        # Lock the row first (an UPDATE that matches nothing locks nothing, so a cancel()
+        # committing between the two UPDATEs below would be lost), skipping it if locked.
+        row = (
+            dialect.lock(jobs.filter(lease.q()))
+            .values_list("errors", "cancel_requested", "has_dependents")
+            .first()
+        )
+        if row is None:
+            return BUSY if _held_elsewhere(dialect, lease) else None
+        history, cancel_requested, has_dependents = row
+        errors = with_error(history, error)
+        if cancel_requested or dead:
+            state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
+            jobs.filter(lease.q()).update(
+                **workflows.terminal_values(state, last_error=error, errors=errors)
+            )
+            workflows.on_terminal(
+                dialect, lease.job_id, state, parent_id, has_dependents=has_dependents
+            )
+            return str(state)
+        delay = retry_in or 0.0
+        run_after = retry_at if retry_at is not None else DbNow() + _seconds(delay)
+        # Due at once: `ready` now. Otherwise `scheduled`, out of the ready index until the
+        # promoter finds it due (a retry_at already past is promoted at once).
+        state = Job.State.READY if retry_at is None and delay <= 0 else Job.State.SCHEDULED
+        jobs.filter(lease.q()).update(
+            state=state,
+            run_after=run_after,
+            lease_owner=None,
+            lease_expires=None,
+            last_error=error,
+            errors=errors,
+            updated_at=DbNow(),
+        )
+        if state == Job.State.READY:
+            queue = jobs.filter(pk=lease.job_id).values_list("queue", flat=True).get()
+            workflows.notify_on_commit(dialect, queue)
+        return str(state)
+
+    return dialect.run_in_transaction(txn)
+
+
+def _held_elsewhere(dialect: Dialect, lease: Lease) -> bool:
+    """Whether the lease is still current but its row is locked by another transaction."""
+    if not dialect.has_select_for_update_skip_locked:
+        return False
+    return Job.objects.using(dialect.using).filter(lease.q()).exists()
+
+
+def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
+    """Hand leased jobs back to `ready` without charging the attempt (graceful shutdown).
+
+    A job whose cancellation was requested is not handed back: it ends `cancelled`.
+    """
+    condition = current(leases)
+    if not condition:
+        return 0
+
+    def txn() -> int:
+        jobs = Job.objects.using(dialect.using)
+        doomed = list(
+            dialect.lock_blocking(
+                jobs.filter(condition, cancel_requested=True).order_by("pk")
+            ).values_list("pk", "parent_id", "has_dependents")
+        )
+        for pk, parent_id, has_dependents in doomed:
+            jobs.filter(pk=pk).update(**workflows.terminal_values(Job.State.CANCELLED))
+            workflows.on_terminal(
+                dialect, pk, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
+            )
+        queues = set(jobs.filter(condition).values_list("queue", flat=True))
+        released = jobs.filter(condition).update(
+            state=Job.State.READY,
+            attempts=F("attempts") - 1,
+            lease_owner=None,
+            lease_expires=None,
+            updated_at=DbNow(),
+        )
+        workflows.notify_on_commit(dialect, queues)
+        return len(doomed) + released
+
+    return dialect.run_in_transaction(txn)

@@ -1,0 +1,385 @@
+"""The queue's tables: Job, JobDependency, Worker, and the state of limits, schedules, queues."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import ClassVar
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from .dialects.functions import DbNow
+from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """Querysets whose methods name states."""
+
+    def ready(self) -> JobQuerySet:
+        """Jobs a worker may claim now: `ready` and past their `run_after` (database clock)."""
+        return self.filter(state=Job.State.READY).filter(
+            Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
+        )
+
+    def due(self) -> JobQuerySet:
+        """Scheduled jobs whose `run_after` has passed (database clock): ready to promote."""
+        return self.filter(state=Job.State.SCHEDULED, run_after__lte=DbNow())
+
+    def in_flight(self) -> JobQuerySet:
+        """Jobs held by a worker's lease."""
+        return self.filter(state__in=Job.LEASED_STATES)
+
+    def expired(self) -> JobQuerySet:
+        """Jobs whose lease has run out by the database clock."""
+        return self.in_flight().filter(lease_expires__lt=DbNow())
+
+    def terminal(self) -> JobQuerySet:
+        """Jobs in a final state."""
+        return self.filter(state__in=Job.TERMINAL_STATES)
+
+    def in_queues(self, queues: list[str] | tuple[str, ...] | None) -> JobQuerySet:
+        """Jobs in any of `queues` (all queues when empty or None)."""
+        return self.filter(queue__in=queues) if queues else self
+
+
+class Job(models.Model):
+    """One unit of work: a handler key, its arguments, and where it stands."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting", _("waiting")  # blocked on upstream jobs, or a container
+        SCHEDULED = "scheduled", _("scheduled")  # runnable once run_after has passed
+        READY = "ready", _("ready")  # runnable now
+        LEASED = "leased", _("leased")  # claimed by a worker, not started yet
+        RUNNING = "running", _("running")  # its handler is executing
+        DONE = "done", _("done")  # finished with a result (terminal)
+        DEAD = "dead", _("dead")  # failed for good (terminal)
+        CANCELLED = "cancelled", _("cancelled")  # cancelled before it finished (terminal)
+
+    LEASED_STATES: ClassVar[tuple[str, ...]] = (State.LEASED, State.RUNNING)
+    TERMINAL_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.DEAD, State.CANCELLED)
+
+    type = models.CharField(_("handler key"), max_length=200)
+    args = models.JSONField(_("arguments"), default=dict)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.READY)
+    attempts = models.IntegerField(_("attempts"), default=0)
+    max_attempts = models.IntegerField(_("max attempts"), default=3)
+    queue = models.CharField(_("queue"), max_length=100, default="default")
+    priority = models.IntegerField(_("priority"), default=0)
+    group_key = models.CharField(_("group"), max_length=200, default="", blank=True)
+    weight = models.IntegerField(_("weight"), default=1)
+    parent = models.ForeignKey(
+        "self",
+        verbose_name=_("container"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+    )
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
+    timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
+    lease_owner = models.CharField(  # noqa: DJ001 - NULL, not "", when no lease is held
+        _("lease owner"), max_length=255, null=True, blank=True
+    )
+    lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
+    last_error = models.JSONField(_("last error"), null=True, blank=True)
+    errors = models.JSONField(_("errors"), default=list, blank=True)  # one per failed attempt
+    worker_ids = models.JSONField(_("workers"), default=list, blank=True)  # one per start
+    is_container = models.BooleanField(_("container"), default=False)
+    # Set once a job depends on this one: a job without dependents and without a container
+    # finishes without looking for downstream work (the row says so; no query needed).
+    has_dependents = models.BooleanField(_("has dependents"), default=False, editable=False)
+    # A sealed container's children that are not final yet; it rolls up when this reaches 0.
+    open_children = models.IntegerField(_("open children"), default=0, editable=False)
+    sealed = models.BooleanField(_("sealed"), default=False)  # a container takes no more children
+    cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+    cancelled_by = models.ForeignKey(
+        "self",
+        verbose_name=_("cancelled because of"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    unique_key = models.CharField(  # noqa: DJ001 - NULL: no key; "" would be a key
+        _("unique key"), max_length=255, null=True, blank=True
+    )
+    # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
+    # NULLs never collide, so a key is held by at most one unfinished job on every database.
+    unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.
+            ReadyIndex(fields=["-priority", "id"], name="jobqueue_job_ready"),
+            # The best ready job of one group, for fair share and group limits.
+            StateIndex(
+                fields=["group_key", "-priority", "id"],
+                state="ready",
+                name="jobqueue_job_ready_group",
+            ),
+            # Scheduled jobs by due time, for the promoter.
+            StateIndex(
+                fields=["run_after", "id"], state="scheduled", name="jobqueue_job_scheduled"
+            ),
+            # Partial where the database allows (every index a row is in costs each UPDATE of
+            # it): leases of the jobs in flight, for the reclaimer; finished jobs by finish time.
+            # The conditions say "in flight" and "final" through the columns the check
+            # constraints tie to those states, so that a comparison on the column implies them
+            # (SQLite cannot match `state IN (%s, %s)` with bound parameters to an index).
+            PartialIndex(
+                fields=["lease_expires"],
+                where=Q(lease_expires__isnull=False),
+                name="jobqueue_job_lease_expires",
+            ),
+            PartialIndex(
+                fields=["state", "finished_at"],
+                where=Q(finished_at__isnull=False),
+                name="jobqueue_job_state_finished",
+            ),
+            # Waiting jobs by queue, for the admin's overview: every other unfinished state
+            # has an index of its own already. On MySQL/MariaDB an index on queue (a column
+            # no UPDATE changes), which the ready index's leading state column makes moot there.
+            PartialIndex(
+                fields=["queue"], where=Q(state="waiting"), name="jobqueue_job_waiting_queue"
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="jobqueue_job_lease_shape",
+                condition=(
+                    Q(
+                        state__in=["leased", "running"],
+                        lease_owner__isnull=False,
+                        lease_expires__isnull=False,
+                    )
+                    | (
+                        ~Q(state__in=["leased", "running"])
+                        & Q(lease_owner__isnull=True, lease_expires__isnull=True)
+                    )
+                ),
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_finish_shape",
+                condition=(
+                    Q(state__in=["done", "dead", "cancelled"], finished_at__isnull=False)
+                    | (~Q(state__in=["done", "dead", "cancelled"]) & Q(finished_at__isnull=True))
+                ),
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_state_valid",
+                condition=Q(
+                    state__in=[
+                        "waiting",
+                        "scheduled",
+                        "ready",
+                        "leased",
+                        "running",
+                        "done",
+                        "dead",
+                        "cancelled",
+                    ]
+                ),
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_attempts_gte_0", condition=Q(attempts__gte=0)
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_max_attempts_gt_0", condition=Q(max_attempts__gt=0)
+            ),
+            models.CheckConstraint(name="jobqueue_job_weight_gt_0", condition=Q(weight__gt=0)),
+            models.UniqueConstraint(
+                fields=["unique_key", "unique_slot"], name="jobqueue_job_unique_key_live"
+            ),
+            models.CheckConstraint(
+                name="jobqueue_job_timeout_gt_0",
+                condition=Q(timeout__isnull=True) | Q(timeout__gt=0),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job reached a final state."""
+        return self.state in self.TERMINAL_STATES
+
+    @property
+    def timeout_delta(self) -> dt.timedelta | None:
+        """The timeout as a timedelta, or None."""
+        return None if self.timeout is None else dt.timedelta(seconds=self.timeout)
+
+
+class JobDependency(models.Model):
+    """An edge of the dependency graph: `job` runs only after `depends_on` is done."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upstream_edges")
+    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="downstream_edges")
+
+    class Meta:
+        verbose_name = _("job dependency")
+        verbose_name_plural = _("job dependencies")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="jobqueue_dep_unique"),
+            models.CheckConstraint(
+                name="jobqueue_dep_not_self", condition=~Q(job=models.F("depends_on"))
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.depends_on_id}"
+
+
+class Worker(models.Model):
+    """A live worker process, kept fresh by its heartbeat and removed on clean exit.
+
+    The row is the worker's liveness: its heartbeat pushes `expires_at` forward and lists the
+    jobs it holds in `job_ids`. A lease is reclaimed only from a worker whose row has expired
+    (or that no longer lists the job), never because a job row could not be renewed.
+    """
+
+    id = models.CharField(_("worker id"), max_length=255, primary_key=True)
+    host = models.CharField(_("host"), max_length=255)
+    pid = models.IntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), default=list)
+    concurrency = models.IntegerField(_("concurrency"))
+    started_at = models.DateTimeField(_("started"))
+    heartbeat_at = models.DateTimeField(_("last heartbeat"))
+    lease_ttl = models.FloatField(_("lease TTL (seconds)"), default=30.0)
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)  # heartbeat + TTL
+    job_ids = models.JSONField(_("jobs held"), default=list, blank=True)
+    handlers = models.JSONField(_("handlers"), default=list, blank=True)  # the types it claims
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ConcurrencyLimit(models.Model):
+    """A lock row per configured limit: claims that count against the limit serialize on it."""
+
+    key = models.CharField(_("limit"), max_length=255, primary_key=True)  # "group:x", "queue:y"
+
+    class Meta:
+        verbose_name = _("concurrency limit")
+        verbose_name_plural = _("concurrency limits")
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Effect(models.Model):
+    """An effect a handler committed, by key: what record_effect() checks before doing it again."""
+
+    key = models.CharField(_("key"), max_length=255, unique=True)
+    created_at = models.DateTimeField(_("recorded"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("effect")
+        verbose_name_plural = _("effects")
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class LiveLease(Job):
+    """Jobs a worker holds (leased or running): the admin's live-leases page."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("live lease")
+        verbose_name_plural = _("live leases")
+
+
+class DeadJob(Job):
+    """Jobs that ended `dead` or `cancelled`: the admin's dead-jobs page."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("dead job")
+        verbose_name_plural = _("dead jobs")
+
+
+class QueueOverview(Job):
+    """The queue at a glance: the admin's overview page (no rows of its own)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()  # Job's permissions guard these pages
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
+
+
+class ScheduleState(models.Model):
+    """Where one schedule of JOBQUEUE["SCHEDULES"] stands: the last slot a worker dealt with.
+
+    A worker takes a slot by moving `last_slot` forward with an UPDATE conditioned on the value
+    it read, in the transaction that enqueues the slot's job: of workers racing for one slot,
+    exactly one changes the row, so each slot is enqueued once however many workers run.
+    """
+
+    name = models.CharField(_("schedule"), max_length=200, primary_key=True)
+    last_slot = models.DateTimeField(_("last slot"))  # enqueued or skipped
+    enqueued_slot = models.DateTimeField(_("last enqueued slot"), null=True, blank=True)
+    job_id = models.BigIntegerField(_("last job"), null=True, blank=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("schedule state")
+        verbose_name_plural = _("schedule states")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RateLimitStart(models.Model):
+    """`count` starts of jobs of a rate-limited group, claimed together at `started_at`.
+
+    Only groups in JOBQUEUE["RATE_LIMITS"] get rows, one per claim that started any of their
+    jobs; rows older than the group's window are deleted by later claims.
+    """
+
+    group_key = models.CharField(_("group"), max_length=200)
+    started_at = models.DateTimeField(_("started"))
+    count = models.IntegerField(_("starts"))
+
+    class Meta:
+        verbose_name = _("rate limit start")
+        verbose_name_plural = _("rate limit starts")
+        indexes = [
+            models.Index(fields=["group_key", "started_at"], name="jobqueue_rate_group_started")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_key} x{self.count} @ {self.started_at}"
+
+
+class QueueState(models.Model):
+    """A queue's operator state: while `paused`, workers claim none of its jobs."""
+
+    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused = models.BooleanField(_("paused"), default=False)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue state")
+        verbose_name_plural = _("queue states")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused else 'active'})"

@@ -1,0 +1,105 @@
+"""Handler keys -> callables: the allowlist of what a worker may run."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .exceptions import HandlerRegistrationError, UnknownHandlerError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Matched with fullmatch(): with match() and "$", a key ending in "\n" would pass.
+KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,199}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handler:
+    """A registered handler: its key, the callable, and how to call it."""
+
+    key: str
+    func: Callable[..., Any]
+    takes_context: bool
+    is_async: bool
+
+
+_handlers: dict[str, Handler] = {}
+_allowlist: tuple[str, ...] | None = None  # sorted keys, rebuilt after a change
+
+
+def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
+    """Register the decorated function as the handler for `key`."""
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise HandlerRegistrationError(
+            f"Handler key {key!r} is invalid: use 1-200 letters, digits, '_', '.', ':' or '-'."
+        )
+
+    def decorator(func: F) -> F:
+        if not callable(func):
+            raise HandlerRegistrationError(f"Handler {key!r} must be callable.")
+        existing = _handlers.get(key)
+        if existing is not None and _qualname(existing.func) != _qualname(func):
+            raise HandlerRegistrationError(
+                f"Handler key {key!r} is already registered to {_qualname(existing.func)}."
+            )
+        _changed()
+        _handlers[key] = Handler(
+            key=key,
+            func=func,
+            takes_context=takes_context,
+            is_async=inspect.iscoroutinefunction(func),
+        )
+        return func
+
+    return decorator
+
+
+def get(key: str) -> Handler:
+    """Return the handler registered under `key`, or raise UnknownHandlerError."""
+    try:
+        return _handlers[key]
+    except KeyError:
+        raise UnknownHandlerError(
+            f"No handler is registered under {key!r}. Register one with "
+            f"@jobqueue.handler({key!r}) in a jobs.py module of an installed app."
+        ) from None
+
+
+def key_of(func: Callable[..., Any]) -> str | None:
+    """Return the key `func` is registered under, or None."""
+    return next((h.key for h in _handlers.values() if h.func is func), None)
+
+
+def keys() -> list[str]:
+    """Return the registered keys, sorted."""
+    return sorted(_handlers)
+
+
+def allowlist() -> tuple[str, ...]:
+    """Return the registered keys, sorted, as a tuple kept until the registry changes.
+
+    A worker claims only jobs of these types: a job whose handler this process lacks (a newer
+    release's, during a rolling deploy) is left for a worker that has it.
+    """
+    global _allowlist
+    if _allowlist is None:
+        _allowlist = tuple(sorted(_handlers))
+    return _allowlist
+
+
+def unregister(key: str) -> None:
+    """Forget the handler under `key` (for tests)."""
+    _changed()
+    _handlers.pop(key, None)
+
+
+def _changed() -> None:
+    global _allowlist
+    _allowlist = None
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"

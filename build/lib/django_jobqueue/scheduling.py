@@ -1,0 +1,347 @@
+"""Fair share and limits: which groups win this worker's free slots.
+
+The rule, applied slot by slot: among the groups that have ready work and are under their
+limits, give the next slot to the group with the smallest load, where a group's load is
+(jobs in flight in the whole database + slots given in this round) / weight. Ties go to a
+weighted random draw, so even a worker that takes one job at a time serves groups in
+proportion to their weights over many claims. A group that has nothing in flight has load 0
+and so wins a slot before any busy group gets a second one: with at least as many free slots
+as groups, every group with ready work gets at least one.
+
+A group's weight is the largest `weight` among its ready jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from django.db.models import Count, Max
+from django.utils.module_loading import import_string
+
+from . import pausing
+from .models import ConcurrencyLimit, Job, JobQuerySet
+from .ratelimits import RateLimits
+
+if TYPE_CHECKING:
+    from .conf import JobQueueSettings
+    from .dialects import Dialect
+
+logger = logging.getLogger(__name__)
+_rng = random.Random()
+DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDemand:
+    """One group's ready work as the claim sees it."""
+
+    group: str
+    weight: int
+    ready: int  # ready jobs visible (an upper bound on what the group can take)
+
+
+def plan(
+    free: int,
+    demand: list[GroupDemand],
+    in_flight: Mapping[str, int],
+    room: Mapping[str, int | None],
+    rng: random.Random | None = None,
+) -> dict[str, int]:
+    """Split `free` slots over the groups in `demand`; return {group: slots}.
+
+    `in_flight` counts running jobs per group across all workers; `room` says how many more
+    jobs each group may start under its limits (None: unlimited).
+    """
+    rng = rng or _rng
+    given: dict[str, int] = {}
+    open_groups = [d for d in demand if d.weight > 0 and d.ready > 0]
+    for _ in range(max(0, free)):
+        eligible = [
+            d
+            for d in open_groups
+            if given.get(d.group, 0) < d.ready
+            and (room.get(d.group) is None or given.get(d.group, 0) < (room[d.group] or 0))
+        ]
+        if not eligible:
+            break
+        loads = {
+            d.group: (in_flight.get(d.group, 0) + given.get(d.group, 0)) / d.weight
+            for d in eligible
+        }
+        lowest = min(loads.values())
+        tied = [d for d in eligible if loads[d.group] - lowest < 1e-9]
+        winner = (
+            rng.choices(tied, weights=[d.weight for d in tied])[0] if len(tied) > 1 else tied[0]
+        )
+        given[winner.group] = given.get(winner.group, 0) + 1
+    return given
+
+
+def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> int | None:
+    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit).
+
+    Both are caps on the jobs in flight: the effective cap is the smaller one, and the room
+    is that cap minus the jobs already in flight.
+    """
+    # Fix: the dynamic cap used to be taken as room (not minus in_flight), so a hook
+    # returning 1 let a new job start on every claim while others ran (overlap up to the
+    # worker's concurrency); it is a cap on running jobs, like GROUP_LIMITS.
+    caps = [c for c in (limit, dynamic) if c is not None]
+    return max(0, min(caps) - in_flight) if caps else None
+
+
+class Scheduler:
+    """Chooses, inside a claim transaction, which ready jobs this worker takes.
+
+    It keeps a view of the groups with ready work, refreshed at most every
+    FAIR_SHARE_REFRESH seconds (a new group waits at most that long for its first slot). With
+    one group and no limits it takes the best ready jobs in one query; otherwise it plans the
+    slots per group with `plan()`, after locking the row of every limit involved so that no
+    two workers can both see room for the same last slot.
+    """
+
+    def __init__(self, settings: JobQueueSettings) -> None:
+        self.group_limits = dict(settings.group_limits)
+        self.queue_limits = dict(settings.queue_limits)
+        dynamic = settings.dynamic_limit
+        self.dynamic: Callable[[str], int | None] | None = (
+            import_string(dynamic) if isinstance(dynamic, str) else dynamic
+        )
+        self.rate_limits = RateLimits(settings.rate_limits)
+        self.refresh = settings.fair_share_refresh
+        self._demand: list[GroupDemand] = []
+        self._demand_until = 0.0
+        self._paused: tuple[str, ...] = ()
+        self._paused_until = 0.0
+        self.idle = False
+
+    def ensure_limit_rows(self, using: str) -> None:
+        """Create the lock rows of the configured limits (idempotent)."""
+        keys = [f"group:{g}" for g in self._locked_groups()]
+        keys += [f"queue:{q}" for q in self.queue_limits]
+        if self.dynamic is not None:
+            keys.append(DYNAMIC_KEY)
+        if keys:
+            ConcurrencyLimit.objects.using(using).bulk_create(
+                [ConcurrencyLimit(key=k) for k in keys], ignore_conflicts=True
+            )
+
+    @property
+    def has_limits(self) -> bool:
+        """Whether any limit applies (GROUP_LIMITS, QUEUE_LIMITS, RATE_LIMITS, DYNAMIC_LIMIT)."""
+        return bool(self.group_limits or self.queue_limits or self.rate_limits or self.dynamic)
+
+    def _locked_groups(self) -> set[str]:
+        """The groups with a lock row: those under a concurrency or a rate limit."""
+        return {*self.group_limits, *self.rate_limits.limits}
+
+    def needs_planning(self, ready: JobQuerySet) -> bool:
+        """Whether this claim must go through `select()` rather than take the best jobs.
+
+        Without limits, only several groups with ready work need planning. The view of the
+        groups is cached, so this costs a query at most once per FAIR_SHARE_REFRESH, and
+        none while the worker is idle (its last claim found nothing): the first claim after
+        an idle spell takes the best jobs, and the view is refreshed after it.
+        """
+        if self.has_limits:
+            return True
+        if self.idle and time.monotonic() >= self._demand_until:
+            return False
+        return len(self._current_demand(ready)) > 1
+
+    def paused_queues(self, using: str) -> tuple[str, ...]:
+        """The paused queues, read at most every FAIR_SHARE_REFRESH seconds (the claim's
+        only cost of queue pause: one small read per refresh, none per claim)."""
+        now = time.monotonic()
+        if now >= self._paused_until:
+            self._paused = pausing.paused_queues(using)
+            self._paused_until = now + self.refresh
+        return self._paused
+
+    def note_claimed(self, count: int) -> None:
+        """Record how many jobs the last claim took (none: the worker is idle)."""
+        self.idle = count == 0
+
+    def ask_dynamic(self, ready: JobQuerySet) -> dict[str, int | None]:
+        """Ask the DYNAMIC_LIMIT hook for each group with ready work.
+
+        Called before the claim transaction begins: a slow hook holds no lock and no open
+        transaction (a transaction left idle would be ended by the server).
+        """
+        if self.dynamic is None:
+            return {}
+        return {d.group: self._dynamic(d.group) for d in self._current_demand(ready)}
+
+    def select(
+        self,
+        dialect: Dialect,
+        ready: JobQuerySet,
+        limit: int,
+        dynamic: dict[str, int | None] | None = None,
+    ) -> list[int]:
+        """Lock up to `limit` jobs from `ready`, fairly and within the limits; return their ids.
+
+        The view of which groups have ready work is at most FAIR_SHARE_REFRESH old: a group
+        new since then gets its first slot at the next refresh. The view is not refreshed
+        because a limit binds (that would be a GROUP BY over the ready set per claim).
+        """
+        ordered = ready.order_by("-priority", "pk")
+        demand = self._current_demand(ready)
+        if not self.has_limits and len(demand) <= 1:
+            return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
+        jobs = Job.objects.using(dialect.using)
+        groups = [d.group for d in demand]
+        # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
+        if dynamic is None:
+            dynamic = self.ask_dynamic(ready)
+        # A group the hook was not asked about (the view changed meanwhile) starts nothing.
+        dynamic = {g: dynamic.get(g, 0) for g in groups} if self.dynamic else {}
+        self._lock_limits(dialect, groups)
+        in_flight = dict(
+            jobs.in_flight()
+            .filter(group_key__in=groups)
+            .values_list("group_key")
+            .annotate(n=Count("pk"))
+            .values_list("group_key", "n")
+        )
+        room = {
+            g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
+            for g in groups
+        }
+        # A rate limit is one more cap on the starts: the tightest one wins.
+        rated = self.rate_limits.room(dialect, groups)
+        for group, left in rated.items():
+            room[group] = left if room[group] is None else min(left, room[group] or 0)
+        queue_room = self._queue_room(jobs)
+        if queue_room:
+            full = [q for q, n in queue_room.items() if n <= 0]
+            ordered = ordered.exclude(queue__in=full)
+        rows = _trim_to_queue_room(
+            self._take_planned(dialect, ordered, limit, demand, in_flight, room), queue_room
+        )
+        if self.rate_limits:
+            taken: dict[str, int] = {}
+            for _, _, group in rows:
+                taken[group] = taken.get(group, 0) + 1
+            wanting = {d.group: d.ready for d in demand}
+            self.rate_limits.record(dialect, taken, rated, wanting)
+        return [pk for pk, _, _ in rows]
+
+    def _take_planned(
+        self,
+        dialect: Dialect,
+        ordered: JobQuerySet,
+        limit: int,
+        demand: list[GroupDemand],
+        in_flight: Mapping[str, int],
+        room: Mapping[str, int | None],
+    ) -> list[tuple[int, str, str]]:
+        """Lock the jobs `plan()` gives each group; return their (id, queue, group) rows.
+
+        The slots a group left unused are planned again.
+
+        Fix: a group whose ready rows were all locked by concurrent claims (SKIP LOCKED) or
+        were fewer than the cached view said got its slots anyway, and nobody else did: a
+        claim could come back empty while other groups had claimable jobs.
+        """
+        rows: list[tuple[int, str, str]] = []
+        taken: dict[str, int] = {}
+        short: set[str] = set()  # groups that yielded fewer rows than planned
+        while len(rows) < limit:
+            slots = plan(
+                limit - len(rows),
+                [d for d in demand if d.group not in short],
+                {g: in_flight.get(g, 0) + taken.get(g, 0) for g in {*in_flight, *taken}},
+                {g: None if r is None else r - taken.get(g, 0) for g, r in room.items()},
+            )
+            if not slots:
+                break
+            for group, n in slots.items():
+                got = list(
+                    dialect.lock(
+                        ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
+                    ).values_list("pk", "queue", "group_key")[:n]
+                )
+                if len(got) < n:
+                    short.add(group)
+                taken[group] = taken.get(group, 0) + len(got)
+                rows += got
+        return rows
+
+    def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
+        now = time.monotonic()
+        # An empty view is refreshed at every claim under limits: the first jobs after an
+        # idle spell must not wait for the refresh (the GROUP BY is cheap on an empty set).
+        if now >= self._demand_until or (not self._demand and self.has_limits):
+            self._demand = [
+                GroupDemand(group, weight, count)
+                for group, weight, count in ready.order_by()
+                .values_list("group_key")
+                .annotate(w=Max("weight"), n=Count("pk"))
+                .values_list("group_key", "w", "n")
+            ]
+            self._demand_until = now + self.refresh
+        return self._demand
+
+    def _dynamic(self, group: str) -> int | None:
+        if self.dynamic is None:
+            return None
+        try:
+            value = self.dynamic(group)
+            return None if value is None else max(0, int(value))
+        except Exception:  # a broken hook must not stop the worker: start nothing it governs
+            logger.exception("DYNAMIC_LIMIT raised for group %r; no job of it starts now", group)
+            return 0
+
+    def _lock_limits(self, dialect: Dialect, groups: list[str]) -> None:
+        keys = sorted(
+            [f"group:{g}" for g in groups if g in self._locked_groups()]
+            + [f"queue:{q}" for q in self.queue_limits]
+            # Fix: a dynamic cap is as global as GROUP_LIMITS, but no row serialized the claims
+            # it governs, so two workers could both see room for the same last slot.
+            + ([DYNAMIC_KEY] if self.dynamic is not None else [])
+        )
+        if keys:
+            # Blocking FOR UPDATE (not SKIP LOCKED): a second claimer must wait and then count
+            # the first one's committed claims, or both would see room for the same last slot.
+            list(
+                dialect.lock_blocking(
+                    ConcurrencyLimit.objects.using(dialect.using)
+                    .filter(key__in=keys)
+                    .order_by("key")
+                ).values_list("key", flat=True)
+            )
+
+    def _queue_room(self, jobs: JobQuerySet) -> dict[str, int]:
+        if not self.queue_limits:
+            return {}
+        running = dict(
+            jobs.in_flight()
+            .filter(queue__in=list(self.queue_limits))
+            .values_list("queue")
+            .annotate(n=Count("pk"))
+            .values_list("queue", "n")
+        )
+        return {q: limit - running.get(q, 0) for q, limit in self.queue_limits.items()}
+
+
+def _trim_to_queue_room(
+    rows: list[tuple[int, str, str]], queue_room: dict[str, int]
+) -> list[tuple[int, str, str]]:
+    if not queue_room:
+        return rows
+    left = dict(queue_room)
+    kept = []
+    for row in rows:
+        queue = row[1]
+        if queue in left:
+            if left[queue] <= 0:
+                continue
+            left[queue] -= 1
+        kept.append(row)
+    return kept

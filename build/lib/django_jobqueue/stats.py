@@ -1,0 +1,161 @@
+"""What the queue looks like now, and whether it is healthy: for jobqueue_stats and probes.
+
+Times are measured by the database clock, as the workers measure them. The queries are
+GROUP BY counts and aggregates over indexed columns: the ready and scheduled rows (partial
+indexes), the leases (lease_expires index), recent finishes ((state, finished_at) index);
+only the count by state reads every row (an index on MySQL, the table elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections import defaultdict
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import TruncMinute
+from django.utils.dateparse import parse_datetime
+
+from . import registry
+from .dialects import Dialect
+from .dialects.base import seconds
+from .dialects.functions import DbNow
+from .models import Job, Worker
+
+UNFINISHED = [s for s in Job.State.values if s not in Job.TERMINAL_STATES]
+DEFAULT_MINUTES = 5  # throughput window
+DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check fails
+DEFAULT_MAX_EXPIRED = 0  # leases left expired past a lease TTL before --check fails
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """When the queue counts as unhealthy."""
+
+    max_age: float = DEFAULT_MAX_AGE
+    max_expired: int = DEFAULT_MAX_EXPIRED
+
+
+def _now(dialect: Dialect) -> dt.datetime:
+    """The database's current time (aware, UTC)."""
+    sql, params = dialect.compile(DbNow())
+    with dialect.connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        (raw,) = cursor.fetchone()
+    now = parse_datetime(raw) if isinstance(raw, str) else raw  # SQLite returns text
+    if now is None:
+        raise ValueError(f"the database clock returned {raw!r}")
+    return now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
+
+
+def collect(
+    dialect: Dialect,
+    *,
+    lease_ttl: float,
+    minutes: int = DEFAULT_MINUTES,
+    thresholds: Thresholds | None = None,
+) -> dict[str, Any]:
+    """Return the queue's figures as one JSON-ready dict, with the health problems found."""
+    using = dialect.using
+    jobs = Job.objects.using(using)
+    now = _now(dialect)
+
+    states = dict.fromkeys(Job.State.values, 0)
+    for state, count in jobs.order_by().values_list("state").annotate(n=Count("pk")):
+        states[state] = count
+
+    unfinished = jobs.filter(state__in=UNFINISHED).order_by()
+    queues: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(UNFINISHED, 0))
+    for queue, state, count in unfinished.values_list("queue", "state").annotate(n=Count("pk")):
+        queues[queue][state] = count
+    groups: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(UNFINISHED, 0))
+    for group, state, count in unfinished.values_list("group_key", "state").annotate(n=Count("pk")):
+        groups[group][state] = count
+
+    # A ready row is written when it becomes ready (inserted, promoted, released, retried)
+    # and not again until claimed: its updated_at is when it began to wait.
+    ready = jobs.filter(state=Job.State.READY)
+    oldest = ready.aggregate(oldest=Min("updated_at"))["oldest"]
+    oldest_age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
+
+    leased = jobs.filter(lease_expires__isnull=False)
+    leases = leased.aggregate(
+        in_flight=Count("pk"),
+        expired=Count("pk", filter=Q(lease_expires__lt=now)),
+        expired_stale=Count("pk", filter=Q(lease_expires__lt=now - seconds(lease_ttl))),
+    )
+
+    workers = list(Worker.objects.using(using).values_list("queues", "expires_at", "handlers"))
+    live = [qs for qs, expires, _ in workers if expires is not None and expires > now]
+    live_handlers = [hs for _, expires, hs in workers if expires is not None and expires > now]
+    serves_all = any(not qs for qs in live)
+    served = {q for qs in live for q in qs}
+    ready_by_queue = {q: counts[Job.State.READY] for q, counts in queues.items()}
+    unserved = {
+        q: n for q, n in sorted(ready_by_queue.items()) if n and not serves_all and q not in served
+    }
+    # The handlers the live workers have (each lists its own); with none live, this
+    # process's registry says at least which types no code here knows.
+    known = {h for hs in live_handlers for h in hs or []} if live else set(registry.keys())
+    runnable = jobs.filter(state__in=(Job.State.READY, Job.State.SCHEDULED)).order_by()
+    unknown = {
+        t: n
+        for t, n in runnable.exclude(type__in=sorted(known))
+        .values_list("type")
+        .annotate(n=Count("pk"))
+        .order_by("type")
+    }
+
+    start = now - dt.timedelta(minutes=minutes)
+    per_minute: dict[str, dict[str, int]] = {}
+    recent = (
+        jobs.filter(state__in=Job.TERMINAL_STATES, finished_at__gte=start)
+        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
+        .order_by()
+        .values_list("minute", "state")
+        .annotate(n=Count("pk"))
+    )
+    for minute, state, count in recent:
+        key = minute.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+        per_minute.setdefault(key, dict.fromkeys(Job.TERMINAL_STATES, 0))[state] = count
+    finished = sum(sum(row.values()) for row in per_minute.values())
+
+    stats: dict[str, Any] = {
+        "time": now.astimezone(dt.UTC).isoformat(),
+        "states": states,
+        "queues": {q: queues[q] for q in sorted(queues)},
+        "groups": {g: groups[g] for g in sorted(groups)},
+        "oldest_ready_age": oldest_age,
+        "leases": leases,
+        "workers": {"live": len(live), "stale": len(workers) - len(live)},
+        "unserved_queues": unserved,
+        "unknown_handlers": unknown,
+        "throughput": {
+            "minutes": minutes,
+            "finished_per_minute": round(finished / minutes, 2),
+            "per_minute": dict(sorted(per_minute.items())),
+        },
+    }
+    stats["problems"] = problems(stats, thresholds or Thresholds())
+    return stats
+
+
+def problems(stats: dict[str, Any], thresholds: Thresholds) -> list[str]:
+    """What makes the queue unhealthy, one sentence each (empty: healthy)."""
+    found = [
+        f"queue {queue!r} has {n} ready job(s) and no live worker serves it"
+        for queue, n in stats["unserved_queues"].items()
+    ]
+    age = stats["oldest_ready_age"]
+    if age is not None and age > thresholds.max_age:
+        found.append(
+            f"the oldest ready job has waited {age:.0f}s (more than {thresholds.max_age:g}s)"
+        )
+    stale = stats["leases"]["expired_stale"]
+    if stale > thresholds.max_expired:
+        found.append(
+            f"{stale} lease(s) expired over a lease TTL ago and were not reclaimed "
+            f"(more than {thresholds.max_expired})"
+        )
+    return found

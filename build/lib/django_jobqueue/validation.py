@@ -1,0 +1,189 @@
+"""Checks on enqueue input: each raises a documented InvalidJobError before anything is written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from django.utils import timezone
+
+from .exceptions import InvalidArgumentsError, InvalidJobError
+
+# The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+ID_MAX = 2**63 - 1  # job ids are 64-bit
+FLOAT_EXACT = 1e16  # floats from here on are written with an exponent (see _first_unserializable)
+# run_after must lie in this range (UTC): every database stores it, and a date near the ends
+# of Python's range cannot overflow when converted between time zones.
+RUN_AFTER_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+RUN_AFTER_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+# A relative run_after (a timedelta) may reach this far from now, either way.
+DELAY_MAX = dt.timedelta(days=36525)
+
+
+def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, Any]:
+    """Return `args` as a dict after checking it is a JSON object of JSON values that fits."""
+    if args is None or (type(args) is dict and not args):
+        return {}
+    if not isinstance(args, Mapping):
+        raise InvalidArgumentsError(
+            f"Arguments for {key!r} must be a JSON object (a dict), not {type(args).__name__}."
+        )
+    for name in args:
+        if not isinstance(name, str):
+            raise InvalidArgumentsError(
+                f"Arguments for {key!r}: key {name!r} is not a string; handlers are called "
+                "with **args."
+            )
+    value = dict(args)
+    problem = json_problem(value, "args", max_bytes)
+    if problem:
+        raise InvalidArgumentsError(f"Arguments for {key!r} cannot be stored: {problem}.")
+    return value
+
+
+def json_problem(value: Any, path: str, max_bytes: int | None = None) -> str | None:
+    """Why `value` cannot be stored in a JSON column (and read back equal), or None.
+
+    Checks what every database refuses (NUL, lone surrogates, NaN), what json.dumps refuses
+    (other types, integers over Python's 4,300-digit conversion limit, cycles, nesting too
+    deep to walk) and, with `max_bytes`, the size of the JSON text.
+    """
+    try:
+        problem = _first_unserializable(value, path)
+        if problem:
+            return problem
+        text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        return f"{path} is nested too deeply (or refers to itself)"
+    except (TypeError, ValueError) as exc:
+        return f"{path} is not JSON-serializable ({exc})"
+    if max_bytes is not None and len(text) > max_bytes:  # ASCII: one byte a character
+        return f"{path} is {len(text):,} bytes as JSON, over the limit of {max_bytes:,}"
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    """Why a database cannot store `text` (PostgreSQL rejects both), or None."""
+    if "\x00" in text:
+        return "contains a NUL character, which databases cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid Unicode"
+    return None
+
+
+def _first_unserializable(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        return f"{path} {problem}" if problem else None
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        # json.dumps would raise ValueError past sys.get_int_max_str_digits() (4,300 digits).
+        return f"{path} is an integer too long to store" if value.bit_length() > 14_000 else None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{path} is {value!r} (not valid JSON)"
+        if abs(value) >= FLOAT_EXACT:
+            # PostgreSQL's jsonb keeps numbers as decimals and prints them without an exponent:
+            # 3.602879701896397e+16 would come back as the int 36028797018963970.
+            return (
+                f"{path} is {value!r}: floats of 1e16 or more do not come back equal from "
+                "every database; pass an int or a string"
+            )
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _first_unserializable(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return f"{path} has a non-string key {k!r}"
+            problem = _text_problem(k)
+            if problem:
+                return f"{path} has a key {k!r} that {problem}"
+            found = _first_unserializable(item, f"{path}[{k!r}]")
+            if found:
+                return found
+        return None
+    try:  # anything else (a subclass of a JSON type, say) must survive json.dumps as it is
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return f"{path} is a {type(value).__name__}, which is not JSON-serializable"
+    return None
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Return `value` if it is an integer >= 1 that fits its column."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+        raise InvalidJobError(f"{name} must be an integer from 1 to {INT_MAX}, not {value!r}.")
+    return value
+
+
+def check_int(name: str, value: Any) -> int:
+    """Return `value` if it is an integer that fits its column."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJobError(f"{name} must be an integer, not {value!r}.")
+    if not INT_MIN <= value <= INT_MAX:
+        raise InvalidJobError(f"{name} must be from {INT_MIN} to {INT_MAX}, not {value!r}.")
+    return value
+
+
+def check_timeout(value: Any) -> float | None:
+    """Return the timeout in seconds (from seconds or a timedelta), or None."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidJobError(f"timeout must be seconds or a timedelta, not {value!r}.")
+    if value <= 0:
+        raise InvalidJobError(f"timeout must be positive, not {value!r}.")
+    return float(value)
+
+
+def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = False) -> str:
+    """Return `value` if it is a string that fits its column."""
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise InvalidJobError(f"{name} must be a non-empty string, not {value!r}.")
+    if len(value) > max_length:
+        raise InvalidJobError(f"{name} must be at most {max_length} characters.")
+    problem = _text_problem(value)
+    if problem:
+        raise InvalidJobError(f"{name} {problem}.")
+    return value
+
+
+def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
+    """Return `value` if it is None, a timedelta within DELAY_MAX, or an aware datetime in range."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        if abs(value) > DELAY_MAX:
+            raise InvalidJobError(
+                f"run_after as a timedelta must be within {DELAY_MAX.days} days of now, "
+                f"not {value!r}."
+            )
+        return value
+    if not isinstance(value, dt.datetime):
+        raise InvalidJobError(f"run_after must be a datetime or a timedelta, not {value!r}.")
+    if timezone.is_naive(value):
+        raise InvalidJobError("run_after must be a timezone-aware datetime.")
+    try:
+        in_range = RUN_AFTER_MIN <= value < RUN_AFTER_MAX
+    except OverflowError:  # an offset that pushes it past Python's own range
+        in_range = False
+    if not in_range:
+        raise InvalidJobError(
+            f"run_after must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
+            f"{RUN_AFTER_MAX:%Y-%m-%d} (UTC), not {value.isoformat()}."
+        )
+    return value

@@ -1,0 +1,352 @@
+"""A worker process: starts, wires and stops its duties.
+
+- the dispatcher (`dispatcher`, on the calling thread): claims ready jobs, times them out;
+- the executor (`executor`): handler threads;
+- the completer (`completer`): records outcomes in batches;
+- the heartbeat (`heartbeat`): the worker's liveness and its leases;
+- the promoter (`promoter`): scheduled jobs become ready when due;
+- the reclaimer (`reclaimer`): leases of workers that are gone;
+- the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
+- the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
+- the listener (`listener`, PostgreSQL): push wake-up.
+
+Each duty but the dispatcher runs on its own thread with its own database connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import secrets
+import signal
+import socket
+import time
+from types import FrameType
+
+from django.db import DatabaseError, InterfaceError
+
+from .. import conf as conf_module
+from .. import execution, leases, schedules, wake
+from ..dialects import get_dialect
+from ..execution import InFlight
+from ..scheduling import Scheduler
+from .completer import Completer
+from .dispatcher import Dispatcher
+from .duty import Duty
+from .executor import Executor
+from .flights import Flights
+from .heartbeat import Heartbeat
+from .listener import Listener
+from .promoter import Promoter
+from .pruner import Pruner
+from .reclaimer import Reclaimer
+from .scheduler import ScheduleRunner
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_TOO_MANY_HUNG = 3  # too many timed-out threads would not stop: restart the process
+
+__all__ = ["EXIT_OK", "EXIT_TOO_MANY_HUNG", "JobWorker", "WorkerOptions", "default_worker_id"]
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    """How one worker process runs; unset values come from settings.JOBQUEUE."""
+
+    concurrency: int = 1
+    queues: list[str] = dataclasses.field(default_factory=list)
+    poll_interval: float | None = None
+    lease_ttl: float | None = None
+    heartbeat_interval: float | None = None
+    shutdown_timeout: float | None = None
+    burst: bool = False
+    max_jobs: int | None = None
+    worker_id: str | None = None
+    prefetch: int | None = None
+
+
+# Seconds a shutdown waits, past its deadline, for threads whose handler has returned to hand
+# over their outcome.
+RETURNED_GRACE = 2.0
+
+
+def _check_options(opts: WorkerOptions) -> None:
+    """Raise ValueError for options no worker can run with (the command reports it)."""
+    if opts.concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    for name in ("poll_interval", "lease_ttl", "heartbeat_interval"):
+        value = getattr(opts, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite positive number, not {value!r}")
+    if opts.shutdown_timeout is not None and not (
+        math.isfinite(opts.shutdown_timeout) and opts.shutdown_timeout >= 0
+    ):
+        raise ValueError(
+            f"shutdown_timeout must be a finite number >= 0, not {opts.shutdown_timeout!r}"
+        )
+    if opts.worker_id is not None and not 1 <= len(opts.worker_id) <= 255:
+        raise ValueError("worker id must be 1 to 255 characters (its column's size)")
+    for queue in opts.queues:
+        if not 1 <= len(queue) <= 100:
+            raise ValueError(f"queue names are 1 to 100 characters, not {queue!r}")
+
+
+def default_worker_id() -> str:
+    """Return host:pid:random, unique per process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class JobWorker:
+    """One worker process; `run()` returns the exit code."""
+
+    def __init__(self, options: WorkerOptions | None = None) -> None:
+        self.conf = conf = conf_module.get()
+        opts = options or WorkerOptions()
+        _check_options(opts)
+        self.concurrency = opts.concurrency
+        self.queues = list(opts.queues)
+        self.poll_interval = opts.poll_interval or conf.poll_interval
+        self.lease_ttl = opts.lease_ttl or conf.lease_ttl
+        self.heartbeat_interval = opts.heartbeat_interval or conf.heartbeat_interval
+        if self.heartbeat_interval * 2 > self.lease_ttl:
+            raise ValueError("heartbeat interval must be at most half the lease TTL")
+        self.shutdown_timeout = (
+            conf.shutdown_timeout if opts.shutdown_timeout is None else opts.shutdown_timeout
+        )
+        self.prefetch = conf.prefetch if opts.prefetch is None else opts.prefetch
+        if self.prefetch < 0:
+            raise ValueError("prefetch must not be negative")
+        self.burst = opts.burst
+        self.max_jobs = opts.max_jobs
+        self.worker_id = opts.worker_id or default_worker_id()
+        self.dialect = get_dialect(conf.database)
+        self.scheduler = Scheduler(conf)
+        self.schedules = schedules.configured()  # ImproperlyConfigured before any start
+        self.flights = Flights()
+        self.exit_code = EXIT_OK
+        self._signals = 0
+        self._stop_requested = False
+        self.dispatcher: Dispatcher | None = None
+
+    @property
+    def claimed(self) -> int:
+        """Jobs this worker has claimed so far."""
+        return self.dispatcher.claimed if self.dispatcher else 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped (signal, --burst with nothing to do, --max-jobs); return exit code."""
+        conf, dialect = self.conf, self.dialect
+        dialect.check_server()
+        if install_signals:
+            self._install_signals()
+        logger.info(
+            "Worker %s starting: database=%s (%s), claim=%s, queues=%s, concurrency=%s",
+            self.worker_id,
+            dialect.using,
+            dialect.describe(),
+            dialect.claim_strategy,
+            ",".join(self.queues) or "all",
+            self.concurrency,
+        )
+        lock_timeout = conf.lock_timeout
+        heartbeat = Heartbeat(
+            dialect,
+            worker_id=self.worker_id,
+            flights=self.flights,
+            interval=self.heartbeat_interval,
+            lease_ttl=self.lease_ttl,
+            lock_timeout=lock_timeout,
+            queues=self.queues,
+            concurrency=self.concurrency,
+        )
+        heartbeat.register()
+        self.scheduler.ensure_limit_rows(dialect.using)
+        completer = Completer(
+            dialect,
+            conf=conf,
+            owner=self.worker_id,
+            flights=self.flights,
+            lock_timeout=lock_timeout,
+            on_empty=wake.wake_up,  # --burst and --max-jobs wait for this
+        )
+        executor = Executor(
+            lambda flight: execution.run(dialect, conf, flight),
+            self.concurrency,
+            on_outcome=completer.submit,
+            on_idle=self._on_idle,
+        )
+        dispatcher = self.dispatcher = Dispatcher(
+            dialect,
+            owner=self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+            lease_ttl=self.lease_ttl,
+            lock_timeout=lock_timeout,
+            poll_interval=self.poll_interval,
+            max_abandoned_threads=conf.max_abandoned_threads,
+            scheduler=self.scheduler,
+            flights=self.flights,
+            executor=executor,
+            submit_outcome=completer.submit,
+            renewer=heartbeat.renewer,
+        )
+        if self._stop_requested:
+            dispatcher.stop()
+        promoter = Promoter(
+            dialect,
+            interval=min(self.poll_interval, 1.0),
+            lock_timeout=lock_timeout,
+            batch=conf.reclaim_batch,
+        )
+        reclaimer = Reclaimer(
+            dialect,
+            interval=conf.reclaim_interval,
+            lock_timeout=lock_timeout,
+            batch=conf.reclaim_batch,
+            backoff=conf.retry_backoff,
+            backoff_max=conf.retry_backoff_max,
+            lease_ttl=self.lease_ttl,
+            healthy_for=heartbeat.healthy_for,
+        )
+        duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
+        if self.schedules:
+            duties.append(
+                ScheduleRunner(
+                    dialect,
+                    schedules=self.schedules,
+                    clock=schedules.clock(dialect),
+                    # A test clock may run faster than time: look at it every poll.
+                    interval=self.poll_interval if conf.schedule_clock else 60.0,
+                    lock_timeout=lock_timeout,
+                )
+            )
+        if ages := conf.retention_ages():
+            duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
+        if dialect.supports_listen_notify:
+            duties.append(
+                Listener(
+                    dialect, queues=self.queues, on_notify=wake.wake_up, lock_timeout=lock_timeout
+                )
+            )
+        for duty in duties:
+            duty.idle_timeout = self.lease_ttl
+            duty.start()
+        try:
+            dispatcher.run(
+                burst=self.burst,
+                max_jobs=self.max_jobs,
+                promote=lambda: self._promote_now(promoter),
+            )
+            self._drain(dispatcher, executor, completer)
+        finally:
+            executor.shutdown()
+            for duty in duties:
+                if duty is not heartbeat:
+                    duty.stop()
+            completer.stop(timeout=5.0)
+            # Stopped before the row is deleted: a beat after the delete would register it again.
+            heartbeat.stop(timeout=heartbeat.lock_timeout + 5.0)
+            try:
+                heartbeat.unregister()
+            except (DatabaseError, InterfaceError):
+                logger.warning("Could not remove worker row %s; it will be swept", self.worker_id)
+        if dispatcher.too_many_hung:
+            self.exit_code = EXIT_TOO_MANY_HUNG
+        logger.info("Worker %s stopped (claimed %s jobs)", self.worker_id, self.claimed)
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and finish (what the first SIGTERM does)."""
+        self._request_stop()
+        wake.wake_up()
+
+    def _request_stop(self) -> None:
+        # Plain attribute writes, no locks: safe in a signal handler. Fix: a signal during
+        # start-up (before the dispatcher exists) was dropped, and the worker ran until a
+        # second one; run() stops the dispatcher it creates after this.
+        self._stop_requested = True
+        if self.dispatcher is not None:
+            self.dispatcher.stopping = True
+
+    def _on_idle(self, load: int) -> None:
+        # Only when the load falls to the dispatcher's low-water mark: waking it for every
+        # finished job would cost more than the claims it leads to.
+        dispatcher = self.dispatcher
+        if dispatcher is not None and load == dispatcher.low_water():
+            wake.wake_up()
+
+    def _promote_now(self, promoter: Promoter) -> int:
+        """Burst mode: promote what is due before deciding that nothing is left."""
+        from .promoter import promote_due
+
+        try:
+            return promote_due(self.dialect, batch=self.conf.reclaim_batch)
+        except (DatabaseError, InterfaceError):
+            promoter.wake()
+            return 0
+
+    def _install_signals(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                # Second signal: leave now; the leases expire and other workers reclaim them.
+                os.write(2, b"jobqueue worker: second signal, exiting at once\n")
+                os._exit(128 + signum)
+            logger.info("Signal %s: finishing in-flight jobs, then stopping", signum)
+            # Fix: no wake-up from here. A handler runs in the main thread between two
+            # bytecodes, possibly while that thread holds the wake event's lock (inside
+            # Event.wait() or clear()); Event.set() then waited for that lock forever, and the
+            # worker hung after "finishing in-flight jobs". The dispatcher (the main thread)
+            # sees the flag when its current wait ends, within its poll interval.
+            self._request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def _drain(self, dispatcher: Dispatcher, executor: Executor, completer: Completer) -> None:
+        """Release jobs not started, let running ones finish for up to the shutdown timeout,
+        then release the rest; wait for the completer to record what finished."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        # Claimed ahead (prefetch) but not started: back to ready at once, for other workers.
+        self._release([f for f in executor.take_unstarted() if f.settle()])
+        while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
+            dispatcher.reap()
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        # Fix: at the deadline (at once with --shutdown-timeout 0) an attempt whose handler had
+        # just returned was released before its thread could settle it, so a finished job ran
+        # again. Such threads settle within moments (they only check the result): wait.
+        grace = time.monotonic() + RETURNED_GRACE
+        while time.monotonic() < grace and any(
+            f.started is not None and not f.in_handler and not f.settled
+            for f in self.flights.snapshot()
+        ):
+            time.sleep(0.005)
+        release = [f for f in self.flights.snapshot() if f.settle()]
+        completer.flush(max(5.0, deadline - time.monotonic()))
+        self._release(release)
+
+    def _release(self, release: list[InFlight]) -> None:
+        """Hand unfinished attempts back to `ready` without charging them (shutdown)."""
+        if release:
+            try:
+                released = leases.release(self.dialect, [f.lease for f in release])
+            except (DatabaseError, InterfaceError) as exc:
+                logger.warning("Could not release %s job(s) (%s); their leases will expire",
+                               len(release), exc)  # fmt: skip
+            else:
+                logger.warning(
+                    "Shutdown: released %s unfinished job(s) back to ready: %s",
+                    released,
+                    ", ".join(str(f.job.pk) for f in release),
+                )
+            for flight in release:
+                self.flights.remove(flight)
+                flight.recorded = True

@@ -1,0 +1,205 @@
+"""The dispatcher: the loop that claims ready jobs and hands them to the executor.
+
+It claims in batches, sized to the free handler threads plus a prefetch that only short jobs
+earn, marks them `running` in the claim itself, and times out attempts past their deadline.
+It never renews a lease, reclaims or records an outcome: those are other duties, on other
+threads, so nothing it waits for (a locked limit row, a database backoff) can cost a lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import leases, wake
+from ..dialects import Dialect
+from ..exceptions import JobTimeout
+from ..execution import InFlight, Outcome
+from ..scheduling import Scheduler
+from .executor import Executor
+from .flights import Flights
+
+logger = logging.getLogger(__name__)
+
+# Prefetched jobs must start within about this many seconds: prefetch is sized from the
+# recent handler duration, so long jobs are never claimed ahead of a free thread.
+PREFETCH_HORIZON = 0.005
+# After it found work, an idle dispatcher polls again this soon, doubling up to POLL_INTERVAL.
+FIRST_IDLE_POLL = 0.05
+
+
+class Dispatcher:
+    """Claims and dispatches until `stop()`; see JobWorker for how it is wired."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        owner: str,
+        queues: list[str],
+        concurrency: int,
+        prefetch: int,
+        lease_ttl: float,
+        lock_timeout: float,
+        poll_interval: float,
+        max_abandoned_threads: int,
+        scheduler: Scheduler,
+        flights: Flights,
+        executor: Executor,
+        submit_outcome: Callable[[Outcome], None],
+        renewer: Callable[[leases.Lease], Callable[[], bool]],
+    ) -> None:
+        self.dialect = dialect
+        self.owner = owner
+        self.queues = queues
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.lease_ttl = lease_ttl
+        self.lock_timeout = lock_timeout
+        self.poll_interval = poll_interval
+        self.max_abandoned_threads = max_abandoned_threads
+        self.scheduler = scheduler
+        self.flights = flights
+        self.executor = executor
+        self.submit_outcome = submit_outcome
+        self.renewer = renewer
+        self.claimed = 0
+        self.stopping = False
+        self.too_many_hung = False
+        self._idle_wait = FIRST_IDLE_POLL
+        self._db_backoff = 0.0
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """Threads plus the prefetch that recent handler durations earn."""
+        ewma = self.executor.ewma_duration
+        if not self.prefetch or ewma is None:
+            return self.concurrency
+        earned = int(self.concurrency * PREFETCH_HORIZON / max(ewma, 1e-6))
+        return self.concurrency + min(self.prefetch, earned)
+
+    def wants_work(self, load: int) -> bool:
+        """Whether to claim at this executor load: a thread is idle, or half the room is free."""
+        return load < self.concurrency or load <= self.capacity() // 2
+
+    def low_water(self) -> int:
+        """The highest executor load at which the dispatcher wants to claim."""
+        return max(self.concurrency - 1, self.capacity() // 2)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def step(self, max_jobs: int | None = None) -> int:
+        """Reap timeouts, then claim and dispatch what there is room for; return jobs claimed."""
+        self.reap()
+        if self.executor.hung() >= self.max_abandoned_threads:
+            logger.error(
+                "%s timed-out jobs are still stuck in their threads; stopping so the process "
+                "can be restarted",
+                len(self.executor.abandoned),
+            )
+            self.too_many_hung = True
+            self.stopping = True
+            return 0
+        load = self.executor.load
+        if not self.wants_work(load):
+            return 0
+        room = self.capacity() - load
+        if max_jobs is not None:
+            room = min(room, max_jobs - self.claimed)
+        if room <= 0:
+            return 0
+        self.dialect.bound_waits(self.lock_timeout, self.lease_ttl)
+        jobs = leases.claim(
+            self.dialect,
+            owner=self.owner,
+            queues=self.queues,
+            limit=room,
+            lease_ttl=self.lease_ttl,
+            scheduler=self.scheduler,
+        )
+        self.scheduler.note_claimed(len(jobs))
+        now = time.monotonic()
+        for job in jobs:
+            lease = leases.Lease(job.id, self.owner, job.attempts)
+            flight = InFlight(job=job, lease=lease, claimed=now, lease_ttl=self.lease_ttl)
+            flight.renewer = self.renewer
+            self.flights.add(flight)
+            self.executor.submit(flight)
+        self.claimed += len(jobs)
+        return len(jobs)
+
+    def run(self, *, burst: bool, max_jobs: int | None, promote: Callable[[], int]) -> None:
+        """Loop until stopped, or (burst) nothing is left to do, or max_jobs are done."""
+        while not self.stopping:
+            wake.clear()
+            # Taken before the claim: a job recorded during it may have held a limit's slot.
+            held = len(self.flights)
+            try:
+                claimed = self.step(max_jobs)
+                self._db_backoff = 0.0
+            except (DatabaseError, InterfaceError) as exc:
+                self._database_trouble(exc)
+                continue
+            except Exception as exc:  # one bad row or hook never kills the worker
+                logger.exception("Unexpected error in the dispatcher")
+                self._database_trouble(exc)
+                continue
+            if self.stopping:
+                break
+            if max_jobs is not None and self.claimed >= max_jobs and not len(self.flights):
+                break
+            if burst and not claimed and not held and not len(self.flights) and not promote():
+                break
+            if claimed:
+                self._idle_wait = FIRST_IDLE_POLL
+                if self.wants_work(self.executor.load):
+                    continue  # there may be more ready work: claim again at once
+            wake.wait(self._wait_time(claimed))
+
+    def _wait_time(self, claimed: int) -> float:
+        if claimed or self.executor.load:
+            wait = self.poll_interval  # woken by the executor when a thread is free
+        else:
+            wait = min(self._idle_wait, self.poll_interval)
+            self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
+        wait *= random.uniform(0.8, 1.2)  # jitter spreads idle workers
+        now = time.monotonic()
+        retry_at = self.scheduler.rate_limits.retry_at
+        if retry_at is not None:  # a rate limit held work back: look again when it has room
+            wait = min(wait, max(0.0, retry_at - now))
+        deadlines = [f.deadline for f in self.flights.snapshot() if f.deadline is not None]
+        if deadlines:
+            wait = min(wait, max(0.0, min(deadlines) - now))
+        return wait
+
+    def reap(self) -> None:
+        """Time out the attempts past their deadline: fail them, and abandon their threads."""
+        now = time.monotonic()
+        for flight in self.flights.snapshot():
+            if flight.deadline is not None and now >= flight.deadline and flight.settle():
+                exc = JobTimeout(
+                    f"job ran longer than its timeout of {flight.job.timeout}s; the attempt "
+                    "was failed and its thread abandoned"
+                )
+                self.submit_outcome(Outcome(flight, error=exc, duration=flight.duration()))
+                self.executor.abandon(flight)
+
+    def _database_trouble(self, exc: Exception) -> None:
+        self._db_backoff = min(max(self._db_backoff * 2, 0.5), 30.0)
+        logger.warning(
+            "Database error in the worker loop (%s); retrying in %.1fs", exc, self._db_backoff
+        )
+        connections[self.dialect.using].close()
+        deadline = time.monotonic() + self._db_backoff
+        while not self.stopping and time.monotonic() < deadline:
+            self.reap()
+            wake.wait(min(0.5, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        self.stopping = True
+        wake.wake_up()

@@ -1,0 +1,98 @@
+"""A duty: one named thing a worker does periodically, on its own thread and connection."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from ..dialects import Dialect
+
+logger = logging.getLogger(__name__)
+
+
+class Duty(threading.Thread):
+    """Run `tick()` every `interval` seconds on a thread of its own until stopped.
+
+    Each duty has its own database connection (Django's connections are per thread), with
+    every lock wait bounded to `lock_timeout`, so no duty waits behind another, the dispatcher
+    or a handler. An error in a tick is logged and the duty carries on after a backoff: a duty
+    never dies of a database outage or of one bad row.
+    """
+
+    #: How long to wait after a failed tick, at most (doubling from `retry_after`).
+    retry_after = 0.5
+    max_backoff = 5.0
+
+    def __init__(self, dialect: Dialect, *, interval: float, lock_timeout: float) -> None:
+        super().__init__(name=f"jobqueue-{self.duty_name()}", daemon=True)
+        self.dialect = dialect
+        self.interval = interval
+        self.lock_timeout = lock_timeout
+        # Set by the worker: the server ends a transaction of this duty idle this long.
+        self.idle_timeout: float | None = None
+        self._stop_event = threading.Event()
+        self._wake_event = threading.Event()
+        self.failures = 0
+
+    @classmethod
+    def duty_name(cls) -> str:
+        return cls.__name__.lower()
+
+    def tick(self) -> float | None:
+        """Do the duty once; return seconds until the next tick (None: the interval)."""
+        raise NotImplementedError
+
+    def on_error(self, exc: BaseException) -> None:
+        """Called after a tick raised (the connection is closed already)."""
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                self._wake_event.clear()
+                try:
+                    self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
+                    delay = self.tick()
+                    self.failures = 0
+                except Exception as exc:  # a duty never dies: log, back off, carry on
+                    self.failures += 1
+                    delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
+                    level = logging.WARNING if self.failures <= 3 else logging.ERROR
+                    # A database error (an outage, a lock held too long) needs no traceback;
+                    # anything else is a bug worth one.
+                    trace = self.failures == 1 and not isinstance(
+                        exc, DatabaseError | InterfaceError
+                    )
+                    logger.log(
+                        level, "Worker duty %s failed (%s); retrying in %.1fs",
+                        self.duty_name(), exc, delay, exc_info=trace,
+                    )  # fmt: skip
+                    self.dialect.connection.close()
+                    self.on_error(exc)
+                self._sleep(self.interval if delay is None else delay)
+        finally:
+            connections.close_all()
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + max(0.0, seconds)
+        while not self._stop_event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake_event.wait(left):
+                return
+
+    def wake(self) -> None:
+        """Run the next tick now."""
+        self._wake_event.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the duty to stop, and wait up to `timeout` seconds for its thread."""
+        self._stop_event.set()
+        self._wake_event.set()
+        if timeout is not None and self.is_alive():
+            self.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_event.is_set()

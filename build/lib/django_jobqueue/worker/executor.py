@@ -1,0 +1,144 @@
+"""The executor: threads that run handlers; a timed-out thread is abandoned and replaced."""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+
+from ..execution import InFlight, Outcome
+
+logger = logging.getLogger(__name__)
+
+
+class Executor:
+    """`concurrency` threads taking claimed attempts from a queue and running them.
+
+    `load` counts the attempts queued or running here; the dispatcher claims more when it
+    drops. `run(flight)` returns the outcome, or None when there is nothing to record.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[InFlight], Outcome | None],
+        size: int,
+        *,
+        on_outcome: Callable[[Outcome], None],
+        on_idle: Callable[[int], None],
+    ) -> None:
+        self._run = run
+        self._on_outcome = on_outcome
+        self._on_idle = on_idle  # called with the new load after each attempt
+        self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.load = 0
+        self.abandoned: list[threading.Thread] = []
+        self.ewma_duration: float | None = None  # seconds a handler takes, recent average
+        self._aliases = list(connections)
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._loop, name="jobqueue-exec", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                flight = self._queue.get()
+                if flight is None:
+                    return
+                outcome = None
+                try:
+                    outcome = self._run(flight)
+                except BaseException:  # a pool thread never dies of one job: nobody would
+                    logger.exception("Unexpected error running job id=%s", flight.job.pk)
+                try:
+                    _tidy_connections(self._aliases)
+                except Exception:  # nor of tidying up after one (its outcome is pending)
+                    logger.exception("Could not tidy the connections of a handler thread")
+                if outcome is not None:
+                    self._observe(outcome.duration)
+                    self._on_outcome(outcome)
+                if flight.abandoned:
+                    return  # replaced (its slot given back) while it hung; retire
+                self._finished()
+        finally:
+            connections.close_all()
+
+    def _observe(self, duration: float) -> None:
+        ewma = self.ewma_duration
+        self.ewma_duration = duration if ewma is None else ewma + 0.1 * (duration - ewma)
+
+    def _finished(self) -> None:
+        with self._lock:
+            self.load -= 1
+            load = self.load
+        self._on_idle(load)
+
+    def submit(self, flight: InFlight) -> None:
+        with self._lock:
+            self.load += 1
+        self._queue.put(flight)
+
+    def take_unstarted(self) -> list[InFlight]:
+        """Remove the attempts no thread has started yet, and return them (shutdown)."""
+        taken: list[InFlight] = []
+        put_back = 0
+        while True:
+            try:
+                flight = self._queue.get_nowait()
+            except queue_module.Empty:
+                break
+            if flight is None:
+                put_back += 1
+                continue
+            taken.append(flight)
+        for _ in range(put_back):
+            self._queue.put(None)
+        with self._lock:
+            self.load -= len(taken)
+        return taken
+
+    def abandon(self, flight: InFlight) -> None:
+        """Give up on the thread running `flight`: interrupt it, and replace it.
+
+        Only a thread still inside the handler is interrupted (and then retires): one whose
+        handler has returned meanwhile goes back to the pool as usual. Raising JobTimeout into
+        a thread that had moved on would lose the next job it took from the queue.
+        """
+        thread = next((t for t in self._threads if t.ident == flight.thread_id), None)
+        if thread is None or not flight.interrupt():
+            return
+        self._threads.remove(thread)
+        self.abandoned.append(thread)
+        self._spawn()
+        self._finished()
+
+    def hung(self) -> int:
+        """Return how many abandoned threads are still alive."""
+        self.abandoned = [t for t in self.abandoned if t.is_alive()]
+        return len(self.abandoned)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+def _tidy_connections(aliases: list[str]) -> None:
+    """Drop this thread's connections that a handler left broken (the server went away,
+    say), so that the next job on this thread connects afresh instead of failing too."""
+    for alias in aliases:
+        conn = connections[alias]
+        if conn.errors_occurred and not conn.in_atomic_block:
+            # Fix: after a failed connect there is no connection, and Django's MySQL backend
+            # pings None in is_usable() (AttributeError): the thread died, its job stayed
+            # `running` under a live worker for good.
+            if conn.connection is None or not conn.is_usable():
+                conn.close()
+            conn.errors_occurred = False

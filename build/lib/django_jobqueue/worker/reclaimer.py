@@ -1,0 +1,219 @@
+"""The reclaimer: takes leases back from workers that are gone, and sweeps their rows.
+
+Any worker does this for all, every RECLAIM_INTERVAL, in bounded batches. A job whose lease
+ran out is only a candidate: it is reclaimed when its owner's row has expired (the worker is
+gone or has been unable to beat for a whole TTL) or when its owner, alive, no longer lists the
+job (it lost track of it). A live owner that lists the job keeps it, whatever kept its lease
+row from being renewed (an application holding the row locked for minutes, say), and the
+lease row is pushed back to the owner's own expiry.
+
+A reclaimer also judges others only while it is healthy itself: after a database outage or a
+long lock that stopped every heartbeat, it first sees its own beats succeed for a whole lease
+TTL, which gives the other workers the same time to beat again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import QuerySet
+
+from .. import signals, workflows
+from ..dialects import Dialect
+from ..dialects.base import seconds
+from ..dialects.functions import DbNow
+from ..error_records import with_error
+from ..exceptions import LeaseExpired
+from ..leases import backoff_seconds
+from ..models import Job, Worker
+from .duty import Duty
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Owner:
+    alive: bool
+    expires_at: dt.datetime | None
+    lease_ttl: float | None
+    job_ids: set[int]
+
+
+def reclaim_expired(
+    dialect: Dialect,
+    *,
+    batch: int,
+    backoff: float,
+    backoff_max: float,
+    may_judge: Callable[[float | None], bool] = lambda ttl: True,
+) -> list[tuple[int, str]]:
+    """Reclaim up to `batch` expired leases whose owner is gone or no longer holds the job.
+
+    Such a job goes back to `scheduled` (with backoff), or to `dead` when its attempts are
+    spent (`cancelled` if cancellation was requested): a job that keeps killing its worker
+    reaches `dead` after `max_attempts` reclaims. Rows another transaction holds locked are
+    skipped, so concurrent sweeps never wait on each other. `may_judge(owner_ttl)` says whether
+    this worker has been healthy long enough to call an owner with that TTL gone. Returns
+    (job id, new state) pairs.
+    """
+
+    failed: list[tuple[Any, ...]] = []  # (row, state) of attempts ended here, for signals
+
+    def txn() -> list[tuple[int, str]]:
+        failed.clear()  # a retried transaction starts over
+        jobs = Job.objects.using(dialect.using)
+        expired = list(
+            dialect.lock(jobs.expired().order_by("lease_expires", "pk")).values_list(
+                "pk",
+                "attempts",
+                "max_attempts",
+                "lease_owner",
+                "parent_id",
+                "cancel_requested",
+                "errors",
+                "has_dependents",
+                "type",
+                "queue",
+                "group_key",
+            )[:batch]
+        )
+        if not expired:
+            return []
+        owners = _owners(dialect, {str(row[3]) for row in expired})
+        moved: list[tuple[int, str]] = []
+        for row in expired:
+            pk, attempts, max_attempts, owner, parent_id, cancel, errors, deps = row[:8]
+            who = owners.get(str(owner))
+            if who is not None and who.alive and pk in who.job_ids:
+                # Alive and holding it: its lease row only missed renewals.
+                jobs.filter(pk=pk, lease_owner=owner).update(lease_expires=who.expires_at)
+                continue
+            if (who is None or not who.alive) and not may_judge(who.lease_ttl if who else None):
+                continue
+            error = {
+                "type": "django_jobqueue.exceptions.LeaseExpired",
+                "message": f"lease of worker {owner} expired during attempt {attempts}",
+                "traceback": "",
+                "attempt": attempts,
+            }
+            if cancel or attempts >= max_attempts:
+                state = Job.State.CANCELLED if cancel else Job.State.DEAD
+                jobs.filter(pk=pk).update(
+                    **workflows.terminal_values(
+                        state, last_error=error, errors=with_error(errors, error)
+                    )
+                )
+                workflows.on_terminal(dialect, pk, state, parent_id, has_dependents=deps)
+            else:
+                state = Job.State.SCHEDULED
+                delay = seconds(backoff_seconds(attempts, backoff, backoff_max))
+                jobs.filter(pk=pk).update(
+                    state=state,
+                    run_after=DbNow() + delay,
+                    lease_owner=None,
+                    lease_expires=None,
+                    last_error=error,
+                    errors=with_error(errors, error),
+                    updated_at=DbNow(),
+                )
+            moved.append((pk, str(state)))
+            failed.append((row, str(state)))
+        return moved
+
+    moved = dialect.run_in_transaction(txn)
+    for pk, state in moved:
+        logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
+    if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
+        for row, state in failed:
+            pk, attempts, _, owner, *_, job_type, queue, group = row
+            exc = LeaseExpired(f"lease of worker {owner} expired during attempt {attempts}")
+            about = {"job_id": pk, "job_type": job_type, "queue": queue, "group": group,
+                     "attempt": attempts, "worker_id": owner, "duration": None}  # fmt: skip
+            signals.send(signals.job_failed, **about, error=exc, state=state)
+            if state == Job.State.DEAD:
+                signals.send(signals.job_dead, **about, error=exc)
+    return moved
+
+
+def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
+    rows = Worker.objects.using(dialect.using).filter(pk__in=sorted(ids))
+    alive = set(rows.filter(expires_at__gt=DbNow()).values_list("pk", flat=True))
+    return {
+        pk: _Owner(pk in alive, expires_at, ttl, set(job_ids or []))
+        for pk, expires_at, ttl, job_ids in rows.values_list(
+            "pk", "expires_at", "lease_ttl", "job_ids"
+        )
+    }
+
+
+def _stale_workers(dialect: Dialect, stale_after: float) -> QuerySet[Worker]:
+    return Worker.objects.using(dialect.using).filter(
+        heartbeat_at__lt=DbNow() - seconds(stale_after)
+    )
+
+
+def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
+    """Delete Worker rows whose heartbeat is older than four of their own lease TTLs (and
+    than `stale_after` seconds): a worker with a longer TTL than this one is judged by its own.
+    """
+    rows = (
+        _stale_workers(dialect, stale_after)
+        .annotate(now=DbNow())
+        .values_list("pk", "heartbeat_at", "lease_ttl", "now")
+    )
+    doomed = [
+        pk
+        for pk, beat, ttl, now in rows
+        if (now - beat).total_seconds() > max(stale_after, 4 * (ttl or 0.0))
+    ]
+    if not doomed:
+        return 0
+    deleted, _ = Worker.objects.using(dialect.using).filter(pk__in=doomed).delete()
+    return deleted
+
+
+class Reclaimer(Duty):
+    """Every RECLAIM_INTERVAL: reclaim leases of gone workers, then sweep stale worker rows."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        interval: float,
+        lock_timeout: float,
+        batch: int,
+        backoff: float,
+        backoff_max: float,
+        lease_ttl: float,
+        healthy_for: Callable[[], float],
+    ) -> None:
+        super().__init__(dialect, interval=interval, lock_timeout=lock_timeout)
+        self.batch = batch
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.lease_ttl = lease_ttl
+        self.healthy_for = healthy_for
+
+    def may_judge(self, owner_ttl: float | None) -> bool:
+        """Whether this worker has beaten without a gap for a whole TTL (its own, the owner's)."""
+        return self.healthy_for() >= max(self.lease_ttl, owner_ttl or 0.0)
+
+    def tick(self) -> float | None:
+        # Reads first: an idle reclaimer opens no write transaction (on SQLite, that would
+        # take the database's write lock every second for nothing).
+        if self.may_judge(None) and _stale_workers(self.dialect, self.lease_ttl * 4).exists():
+            sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
+        if not Job.objects.using(self.dialect.using).expired().exists():
+            return None
+        moved = reclaim_expired(
+            self.dialect,
+            batch=self.batch,
+            backoff=self.backoff,
+            backoff_max=self.backoff_max,
+            may_judge=self.may_judge,
+        )
+        return 0.0 if len(moved) >= self.batch else None

@@ -1,0 +1,367 @@
+"""What happens around a job reaching a final state: the graph reacts, event-driven.
+
+Called inside the transaction that made the job terminal, never from the ready-set scan:
+- `done`: downstream jobs whose upstreams are now all done become `ready`;
+- `dead`/`cancelled`: waiting downstream jobs are cancelled, transitively, each naming the
+  job that caused it (`cancelled_by`), so that retrying that job can revive them;
+- either way the job's container rolls up once it is sealed and all its children are final.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, Value, When
+
+from . import wake
+from .dialects import Dialect
+from .dialects.base import Finished, terminal_columns
+from .dialects.functions import DbNow
+from .models import Job, JobDependency
+
+terminal_values = terminal_columns
+NOT_DONE = [state for state in Job.State.values if state != Job.State.DONE]
+UNFINISHED = [state for state in Job.State.values if state not in Job.TERMINAL_STATES]
+
+
+def runnable_state() -> Case:
+    """The state of a job that may run once `run_after` has passed: `scheduled` or `ready`."""
+    return Case(
+        When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),
+        default=Value(Job.State.READY),
+    )
+
+
+def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
+    """Return the last_error of a job cancelled because an upstream job ended badly."""
+    return {
+        "type": "django_jobqueue.exceptions.UpstreamFailed",
+        "message": f"upstream job {upstream_id} ended {upstream_state}",
+        "traceback": "",
+        "attempt": None,
+    }
+
+
+def on_terminal(
+    dialect: Dialect,
+    job_id: int,
+    state: str,
+    parent_id: int | None,
+    *,
+    has_dependents: bool = True,
+) -> None:
+    """React to job `job_id` having just become `state` (in the same transaction).
+
+    With `has_dependents=False` (read from the row) the downstream look-up is skipped.
+    """
+    on_finished(dialect, [Finished(job_id, state, parent_id, has_dependents)])
+
+
+def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
+    """React to a batch of jobs having just become final (in the same transaction).
+
+    Downstream rows are locked before containers, and each set in id order, so batches
+    finishing at once on several workers take their locks in one global order.
+    """
+    finished = list(finished)
+    done = [f.job_id for f in finished if f.state == Job.State.DONE and f.has_dependents]
+    if done:
+        promote_downstream(dialect, done)
+    for f in finished:
+        if f.state != Job.State.DONE and f.has_dependents:
+            cancel_downstream(dialect, f.job_id, f.state)
+    parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
+    for parent_id in sorted(parents):
+        roll_up(dialect, parent_id, finished=parents[parent_id])
+
+
+def promote_downstream(dialect: Dialect, upstream_ids: int | list[int]) -> None:
+    """Flip the waiting downstream jobs of `upstream_ids` whose upstreams are now all done.
+
+    The downstream rows are locked (in id order) before their upstreams are counted, so of two
+    upstreams finishing at once the later one sees the earlier one's commit and promotes.
+    """
+    ids = [upstream_ids] if isinstance(upstream_ids, int) else upstream_ids
+    jobs = Job.objects.using(dialect.using)
+    waiting = dialect.lock_blocking(
+        jobs.filter(
+            state=Job.State.WAITING,
+            is_container=False,
+            pk__in=JobDependency.objects.using(dialect.using)
+            .filter(depends_on_id__in=dialect.id_set(ids))
+            .values("job_id"),
+        ).order_by("pk")
+    )
+    promote(dialect, list(waiting.values_list("pk", flat=True)))
+
+
+def promote(dialect: Dialect, candidates: list[int]) -> None:
+    """Make those of the waiting jobs `candidates` whose upstreams are all done runnable.
+
+    They become `ready`, or `scheduled` when their `run_after` lies in the future. The ids
+    travel as one parameter where the database allows (dialect.id_set): a fan-out of
+    thousands of jobs is a few statements, each joining edges to jobs by index.
+    """
+    if candidates:
+        notify_on_commit(dialect, dialect.promote(candidates))
+
+
+def lock_upstream(dialect: Dialect, job_ids: list[int]) -> None:
+    """Lock the rows of the jobs that the jobs `job_ids` depend on, until the transaction ends.
+
+    Whoever reads an upstream's state to decide a downstream job's fate must hold this lock:
+    an upstream becoming final concurrently then waits for this transaction (and sees its
+    writes when it promotes or cancels its downstream), or commits first and is seen here.
+    """
+    if job_ids:
+        list(
+            dialect.lock_blocking(
+                Job.objects.using(dialect.using)
+                .filter(downstream_edges__job_id__in=sorted(job_ids))
+                .order_by("pk")
+            ).values_list("pk", flat=True)
+        )
+
+
+def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
+    """Cancel every not-yet-started job downstream of `root_id`, transitively."""
+    jobs = Job.objects.using(dialect.using)
+    edges = JobDependency.objects.using(dialect.using)
+    frontier = [root_id]
+    while frontier:
+        below = dialect.lock_blocking(
+            jobs.filter(
+                state__in=(Job.State.WAITING, Job.State.READY),
+                pk__in=edges.filter(depends_on_id__in=frontier).values("job_id"),
+            ).order_by("pk")
+        )
+        rows = list(below.values_list("pk", "parent_id"))
+        if not rows:
+            return
+        ids = [pk for pk, _ in rows]
+        jobs.filter(pk__in=ids).update(
+            **terminal_values(
+                Job.State.CANCELLED,
+                cancelled_by_id=root_id,
+                last_error=upstream_error(root_id, root_state),
+            )
+        )
+        parents = Counter(p for _, p in rows if p is not None)
+        for parent_id in sorted(parents):
+            roll_up(dialect, parent_id, finished=parents[parent_id])
+        frontier = ids
+
+
+def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
+    """Count `finished` children of a container as final; finish it when none is left open.
+
+    `open_children` counts a sealed container's unfinished children (set when it is sealed,
+    or inserted sealed), so no child counts its siblings. The container becomes `done` if all
+    its children are done, else `dead`. The caller has already written its children's final
+    states; an open (unsealed) container is left alone without being locked: sealing counts
+    its children (see `control.seal` for why that is safe).
+    """
+    jobs = Job.objects.using(dialect.using)
+    # Fix: this used to lock the container before looking at it, open or not. A producer
+    # adding a child with depends_on holds the open container's lock while it locks the
+    # upstream rows, and a worker finishing one of those (or rolling up a container inside
+    # the open one) held that row and then waited for the open container: a deadlock
+    # (seen on PostgreSQL). An open container cannot roll up, so it needs no lock here.
+    peek = jobs.filter(pk=container_id).values_list("is_container", "sealed", "state").first()
+    if peek is None or not peek[0] or not peek[1] or peek[2] in Job.TERMINAL_STATES:
+        return
+    row = (
+        dialect.lock_blocking(jobs.filter(pk=container_id))
+        .values_list("is_container", "sealed", "state", "parent_id", "open_children")
+        .first()
+    )
+    if row is None:
+        return
+    is_container, sealed, state, parent_id, open_children = row
+    if not is_container or not sealed or state in Job.TERMINAL_STATES:
+        return
+    if finished:
+        open_children = max(0, open_children - finished)
+        jobs.filter(pk=container_id).update(open_children=open_children)
+    if open_children > 0:
+        return
+    children = jobs.filter(parent_id=container_id)
+    ok = not children.exclude(state=Job.State.DONE).exists()
+    new_state = Job.State.DONE if ok else Job.State.DEAD
+    extra: dict[str, Any] = {}
+    if not ok:
+        failed = children.exclude(state=Job.State.DONE).order_by("pk").values_list("pk", "state")
+        first_id, first_state = failed[0]
+        extra["last_error"] = {
+            "type": "django_jobqueue.exceptions.UpstreamFailed",
+            "message": f"child job {first_id} ended {first_state}",
+            "traceback": "",
+            "attempt": None,
+        }
+    jobs.filter(pk=container_id).update(**terminal_values(new_state, **extra))
+    on_terminal(dialect, container_id, new_state, parent_id)
+
+
+def notify_on_commit(dialect: Dialect, queues: str | Iterable[str]) -> None:
+    """Wake workers for `queues` once the current transaction commits.
+
+    Workers of this process through the in-process wake, those of other processes and hosts
+    through the database when it can push (PostgreSQL NOTIFY, sent in this transaction).
+    """
+    names = sorted({queues} if isinstance(queues, str) else set(queues))
+    if not names:
+        return
+    dialect.notify(names)
+    for queue in names:
+        transaction.on_commit(
+            lambda q=queue: wake.notify(dialect.using, q),  # type: ignore[misc]
+            using=dialect.using,
+        )
+
+
+def count_open_children(dialect: Dialect, container_id: int) -> int:
+    """Store and return the number of unfinished children of a (locked) container."""
+    jobs = Job.objects.using(dialect.using)
+    count = jobs.filter(parent_id=container_id).exclude(state__in=Job.TERMINAL_STATES).count()
+    jobs.filter(pk=container_id).update(open_children=count)
+    return count
+
+
+def revive(dialect: Dialect, cause_id: int) -> list[int]:
+    """Bring back the jobs that `cause_id` cancelled; return their ids.
+
+    Revived jobs wait for their upstreams again; one that still has a dead or cancelled
+    upstream is cancelled again in that upstream's name. A dead container that a revived job
+    belongs to re-opens, and so revives the jobs its failure cancelled.
+    """
+    jobs = Job.objects.using(dialect.using)
+    cancelled = jobs.filter(cancelled_by_id=cause_id, state=Job.State.CANCELLED)
+    candidates = list(cancelled.values_list("pk", flat=True))
+    if not candidates:
+        return []
+    # Fix: the revived jobs' upstream states used to be read unlocked, so an upstream dying
+    # (or finishing) concurrently saw the jobs still cancelled and skipped them, while this
+    # saw the upstream still running: the job was left waiting forever. Upstream rows are
+    # locked first, then the jobs, in the order a worker finishing an upstream locks them.
+    lock_upstream(dialect, candidates)
+    rows = list(
+        dialect.lock_blocking(cancelled.filter(pk__in=candidates).order_by("pk")).values_list(
+            "pk", "parent_id"
+        )
+    )
+    if not rows:
+        return []
+    ids = [pk for pk, _ in rows]
+    jobs.filter(pk__in=ids).update(
+        state=Job.State.WAITING,
+        finished_at=None,
+        cancelled_by=None,
+        unique_slot=1,
+        updated_at=DbNow(),
+    )
+    # Fix: the re-cancel pass used to check the jobs once, in id order, which is not always
+    # upstream-first (Graph inserts children after top-level nodes), so a job whose upstream
+    # was re-cancelled after it had been checked stayed waiting forever. And the jobs revived
+    # here that belong to another dead container never re-opened it: it stayed dead (and its
+    # downstream cancelled) even after they finished.
+    # The revived jobs count as open children of their containers again (before any of them
+    # is cancelled again below, which counts it as finished once more).
+    for parent_id in sorted({p for _, p in rows if p is not None}):
+        reopen_counts(dialect, parent_id)
+    recancelled = cancel_blocked(dialect, ids)
+    # An upstream may have become done since the job was cancelled: nothing would promote it.
+    promote(dialect, [pk for pk in ids if pk not in recancelled])
+    for parent_id in sorted({p for pk, p in rows if p is not None and pk not in recancelled}):
+        reopen_containers(dialect, parent_id)
+    return ids
+
+
+def reopen_counts(dialect: Dialect, container_id: int) -> None:
+    """Recount the open children of a sealed, unfinished container (children were revived)."""
+    jobs = Job.objects.using(dialect.using)
+    row = dialect.lock_blocking(jobs.filter(pk=container_id)).values_list("sealed", "state").first()
+    if row is not None and row[0] and row[1] not in Job.TERMINAL_STATES:
+        count_open_children(dialect, container_id)
+
+
+def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
+    """Cancel those of the waiting jobs `ids` that have a dead or cancelled upstream.
+
+    Each is cancelled in the name of the root cause, as `cancel_downstream` does: the
+    upstream's own cause when that upstream was cancelled because of another job, else the
+    upstream itself, so that retrying that job revives them. Repeats until no job of `ids` is
+    left blocked (one may be blocked by another of `ids`); returns the ids cancelled. The
+    caller holds the upstream rows locked (see `lock_upstream`).
+    """
+    jobs = Job.objects.using(dialect.using)
+    edges = JobDependency.objects.using(dialect.using)
+    bad_states = (Job.State.DEAD, Job.State.CANCELLED)
+    pending = set(ids)
+    cancelled: set[int] = set()
+    while pending:
+        blocked: dict[int, tuple[int, str]] = {}
+        for job_id, up_id, up_state, cause_id, cause_state in (
+            edges.filter(
+                job_id__in=sorted(pending),
+                job__state=Job.State.WAITING,
+                depends_on__state__in=bad_states,
+            )
+            .order_by("job_id", "depends_on_id")
+            .values_list(
+                "job_id",
+                "depends_on_id",
+                "depends_on__state",
+                "depends_on__cancelled_by_id",
+                "depends_on__cancelled_by__state",
+            )
+        ):
+            if cause_id is not None and cause_state in bad_states:
+                blocked.setdefault(job_id, (cause_id, cause_state))
+            else:
+                blocked.setdefault(job_id, (up_id, up_state))
+        if not blocked:
+            break
+        for job_id, (cause_id, cause_state) in sorted(blocked.items()):
+            jobs.filter(pk=job_id, state=Job.State.WAITING).update(
+                **terminal_values(
+                    Job.State.CANCELLED,
+                    cancelled_by_id=cause_id,
+                    last_error=upstream_error(cause_id, cause_state),
+                )
+            )
+        parents = Counter(
+            jobs.filter(pk__in=list(blocked), parent_id__isnull=False).values_list(
+                "parent_id", flat=True
+            )
+        )
+        for parent_id in sorted(parents):
+            roll_up(dialect, parent_id, finished=parents[parent_id])
+        cancelled |= blocked.keys()
+        pending -= blocked.keys()
+    return cancelled
+
+
+def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
+    """Re-open `container_id` and its dead ancestors, reviving the jobs they cancelled."""
+    jobs = Job.objects.using(dialect.using)
+    while container_id is not None:
+        row = (
+            dialect.lock_blocking(jobs.filter(pk=container_id))
+            .values_list("state", "parent_id")
+            .first()
+        )
+        if row is None:
+            return
+        if row[0] not in (Job.State.DEAD, Job.State.CANCELLED):
+            # Still open: a child of it came back (re-opened or revived); count it again.
+            reopen_counts(dialect, container_id)
+            return
+        jobs.filter(pk=container_id).update(
+            state=Job.State.WAITING, finished_at=None, unique_slot=1, updated_at=DbNow()
+        )
+        count_open_children(dialect, container_id)
+        revive(dialect, container_id)
+        container_id = row[1]
