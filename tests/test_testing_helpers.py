@@ -464,7 +464,8 @@ def test_tasks_run_and_their_results_refresh() -> None:
     second = tasks.add.using(depends_on=[first]).enqueue(a=10, b=20)
     mail = tasks.send_email.enqueue(to="ada@example.com")
     assert_enqueued(tasks.add, args=[2, 3])
-    assert_enqueued(tasks.add, kwargs={"a": 10, "b": 20}, depends_on=int(first.id))
+    assert_enqueued(tasks.add, kwargs={"a": 10, "b": 20}, depends_on=first)
+    assert_enqueued(tasks.add, depends_on=[int(first.id)], count=1)
     assert_enqueued(tasks.send_email, kwargs={"to": "ada@example.com"}, queue="emails")
     assert_not_enqueued(tasks.add, args=(2, 4))
     assert first.status == TaskResultStatus.READY
@@ -503,6 +504,12 @@ def test_assert_enqueued_checks_task_arguments() -> None:
     tasks.echo.enqueue(1, (2, 3), k="v")
     assert_enqueued(tasks.echo, args=[1, [2, 3]], kwargs={"k": "v"})
     assert_enqueued(tasks.echo, args=(1, (2, 3)))  # tuples compare as the lists they store
+
+
+def test_async_handlers_run() -> None:
+    job = jobqueue.enqueue("test.async_add", {"a": 2, "b": 40})
+    assert run_jobs().jobs == [job]
+    assert refreshed(job)[0].result == 42
 
 
 def dt_hours(hours: float) -> Any:

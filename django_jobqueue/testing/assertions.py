@@ -143,9 +143,14 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _pk(job: Any) -> int:
-    pk = getattr(job, "pk", job)
+    """The id of a Job, a job id, or a Django TaskResult (its id is the job's)."""
+    if isinstance(job, int) and not isinstance(job, bool):
+        return job
+    pk = getattr(job, "pk", None)
+    if pk is None and not hasattr(job, "pk"):
+        pk = getattr(job, "id", None)  # a TaskResult
     if pk is None:
-        raise ValueError("depends_on: the job is not saved")
+        raise ValueError(f"depends_on: {job!r} is not a saved job, a job id or a TaskResult")
     return int(pk)
 
 
@@ -206,8 +211,8 @@ def enqueued_jobs(
         kwargs: For a Django task, its keyword arguments, compared whole.
         **fields: More conditions, as `Job` field lookups (`queue="emails"`,
             `priority__gte=5`, `state="ready"`, `parent=box`); `group=` is accepted for
-            `group_key`, and `depends_on=` (a job, an id, or a list) matches jobs that depend
-            on at least those jobs.
+            `group_key`, and `depends_on=` (a job, an id, a Django TaskResult, or a list of
+            them) matches jobs that depend on at least those jobs.
 
     Returns:
         The matching `Job` rows.
