@@ -247,6 +247,18 @@ def test_queues_limits_the_run() -> None:
 
     assert [job.pk for job in run_jobs(queues=["emails"]).jobs] == [mail.pk]
     assert refreshed(other)[0].state == Job.State.READY
+    assert run_jobs(queues="emails").jobs == []  # one name will do
+    assert [job.pk for job in run_jobs(queues="default").jobs] == [other.pk]
+
+
+def test_paused_queues_stay_paused() -> None:
+    from django_jobqueue.pausing import pause_queue, resume_queue
+
+    job = jobqueue.enqueue("test.add", {"a": 1, "b": 1}, queue="emails")
+    pause_queue("emails")
+    assert run_jobs().jobs == []
+    resume_queue("emails")
+    assert run_jobs().jobs == [job]
 
 
 def test_a_runaway_handler_stops_with_a_clear_error() -> None:
@@ -383,6 +395,13 @@ def test_the_job_queue_fixture(job_queue: JobQueueFixture) -> None:
     assert job_queue.assert_enqueued("helpers.count_orders", state="done")[0].result == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_fixture_in_a_transactional_test(job_queue: JobQueueFixture) -> None:
+    assert not connection.in_atomic_block
+    jobqueue.enqueue("test.add", {"a": 1, "b": 1})
+    assert job_queue.run().counts == {"done": 1}
+
+
 def test_the_fixture_with_a_runaway(job_queue: JobQueueFixture) -> None:
     jobqueue.enqueue("helpers.forever")
     with pytest.raises(RunawayJobsError):
@@ -406,8 +425,11 @@ def test_the_plugin_in_a_project_conftest(tmp_path: Any) -> None:
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        # A test database of its own: the same run id would recreate this run's database.
-        "JOBQUEUE_TEST_RUN_ID": f"{os.environ['JOBQUEUE_TEST_RUN_ID']}p",
+        # An SQLite database of its own, whatever this run's database is: the plugin does not
+        # depend on it, and the same run id would recreate this run's test database.
+        "DATABASE_URL": "",
+        "JOBQUEUE_TEST_STATE": str(tmp_path),
+        "JOBQUEUE_TEST_RUN_ID": "plugin",
     }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--create-db",

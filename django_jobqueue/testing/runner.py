@@ -102,7 +102,7 @@ def run_jobs(
     needed.
 
     Args:
-        queues: Run only the jobs of these queues (default: every queue).
+        queues: Run only the jobs of these queues (default: every queue); one name will do.
         ignore_delays: Treat every delay as over: a retry's backoff, `Retry(delay=...)` and a
             `run_after` in the future. Such jobs are made due now (their `run_after` becomes
             the current time) and run at once, so a test never sleeps. With False, a job that
@@ -123,7 +123,7 @@ def run_jobs(
     settings = conf_module.get()
     dialect = testing_dialect(settings.database)
     owner = f"run_jobs:{os.getpid()}:{secrets.token_hex(3)}"
-    names = sorted(set(queues or ()))
+    names = sorted({queues} if isinstance(queues, str) else set(queues or ()))
     ran: dict[int, None] = {}  # job ids, in the order of their first attempt
     types: Counter[str] = Counter()  # attempts per handler key, for the runaway message
     report = RunReport()
