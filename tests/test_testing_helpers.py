@@ -315,7 +315,7 @@ def test_assert_enqueued_lists_what_was_enqueued_when_nothing_matches() -> None:
 
     message = str(failure.value)
     assert message.startswith(
-        "Expected at least one job matching a job 'test.add' args={'a': 1, 'b': 3} in the "
+        "Expected at least one job 'test.add' with args={'a': 1, 'b': 3} in the "
         "queue, found 0.\nJobs enqueued (2):\n"
     )
     assert f"#{a.pk} 'test.add' args={{'a': 1, 'b': 2}} queue='emails' state=ready" in message
@@ -327,9 +327,21 @@ def test_assert_enqueued_with_count_lists_the_matches() -> None:
     jobqueue.enqueue("test.add", {"a": 1, "b": 2})
 
     with pytest.raises(
-        AssertionError, match=r"Expected 1 job\(s\) .* found 2\.\nMatching jobs \(2\)"
+        AssertionError, match=r"Expected 1 job 'test.add' with .* found 2\.\nMatching jobs \(2\)"
     ):
         assert_enqueued("test.add", {"a": 1, "b": 2}, count=1)
+
+
+def test_assert_enqueued_names_every_condition() -> None:
+    box_job = jobqueue.enqueue("test.add", {"a": 1, "b": 2}, queue="emails")
+
+    with pytest.raises(AssertionError) as failure:
+        assert_enqueued("test.add", count=2, queue="emails", group="acme", depends_on=box_job)
+
+    assert str(failure.value).startswith(
+        "Expected 2 jobs 'test.add' with queue='emails', group_key='acme', "
+        f"depends_on=[{box_job.pk}] in the queue, found 0.\nJobs enqueued (1):\n"
+    )
 
 
 def test_assert_enqueued_with_nothing_enqueued() -> None:
@@ -344,7 +356,7 @@ def test_assert_not_enqueued_lists_the_matches() -> None:
         assert_not_enqueued("test.add")
 
     assert str(failure.value) == (
-        "Expected no job matching a job 'test.add' in the queue, found 1.\n"
+        "Expected no job 'test.add' in the queue, found 1.\n"
         f"Matching jobs (1):\n  #{job.pk} 'test.add' args={{'a': 1, 'b': 2}} queue='default' "
         "state=ready"
     )

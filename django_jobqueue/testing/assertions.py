@@ -124,8 +124,17 @@ class _Match:
     def find(self, jobs: JobQuerySet) -> list[Job]:
         return [job for job in self.queryset(jobs) if self.matches(job)]
 
-    def describe(self) -> str:
-        parts = [f"a job {self.key!r}" if self.key is not None else "a job"]
+    def describe(self, count: int | None = None, *, negative: bool = False) -> str:
+        """E.g. "at least one job 'shop.x' with args={...}, queue='emails'"."""
+        if negative:
+            head = "no job"
+        elif count is None:
+            head = "at least one job"
+        else:
+            head = f"{count} job" if count == 1 else f"{count} jobs"
+        if self.key is not None:
+            head += f" {self.key!r}"
+        parts: list[str] = []
         if self.args is not None:
             parts.append(f"args={self.args!r}")
         if self.kwargs is not None:
@@ -133,7 +142,7 @@ class _Match:
         parts += [f"{name}={value!r}" for name, value in self.fields.items()]
         if self.upstream:
             parts.append(f"depends_on={self.upstream!r}")
-        return " ".join(parts)
+        return f"{head} with {', '.join(parts)}" if parts else head
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -177,13 +186,12 @@ def _check_enqueued(jobs: JobQuerySet, match: _Match, count: int | None, scope: 
     found = match.find(jobs)
     if (count is None and found) or (count is not None and len(found) == count):
         return found
-    wanted = "at least one job" if count is None else f"{count} job(s)"
     if found:
         listing = _listing(found, "Matching jobs")
     else:
         listing = _listing(list(jobs.order_by("pk")[:SHOWN]), "Jobs enqueued", jobs.count())
     raise AssertionError(
-        f"Expected {wanted} matching {match.describe()} {scope}, found {len(found)}.\n{listing}"
+        f"Expected {match.describe(count)} {scope}, found {len(found)}.\n{listing}"
     )
 
 
@@ -191,7 +199,7 @@ def _check_not_enqueued(jobs: JobQuerySet, match: _Match, scope: str) -> None:
     found = match.find(jobs)
     if found:
         raise AssertionError(
-            f"Expected no job matching {match.describe()} {scope}, found {len(found)}.\n"
+            f"Expected {match.describe(negative=True)} {scope}, found {len(found)}.\n"
             + _listing(found, "Matching jobs")
         )
 
