@@ -532,6 +532,20 @@ def test_task_retries_and_failures(slow_backoff: None) -> None:
 
 
 @requires_tasks
+def test_async_tasks_run() -> None:
+    product = tasks.async_mul.enqueue(6, 7)
+    failure = tasks.async_explode.using(max_attempts=1).enqueue()
+
+    assert run_jobs().counts == {"done": 1, "dead": 1}
+
+    product.refresh()
+    failure.refresh()
+    assert (product.status, product.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert failure.status == TaskResultStatus.FAILED
+    assert failure.errors[-1].exception_class_path == "builtins.KeyError"
+
+
+@requires_tasks
 def test_assert_enqueued_checks_task_arguments() -> None:
     with pytest.raises(TypeError, match="positional arguments"):
         assert_enqueued(tasks.add, args={"a": 1})
