@@ -219,6 +219,37 @@ def test_a_job_cancelled_while_it_runs_ends_cancelled() -> None:
     assert after.state == Job.State.CANCELLED
 
 
+def test_the_context_and_the_signals_work_as_in_a_worker() -> None:
+    from django_jobqueue import signals
+
+    seen: list[tuple[str, str, Any]] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        name = {signals.job_started: "started", signals.job_finished: "finished",
+                signals.job_failed: "failed", signals.job_dead: "dead"}[signal]  # fmt: skip
+        seen.append((name, kwargs["job_type"], kwargs.get("state")))
+
+    hooked = (signals.job_started, signals.job_finished, signals.job_failed, signals.job_dead)
+    for signal in hooked:
+        signal.connect(receiver)
+    try:
+        job = jobqueue.enqueue("helpers.context")
+        jobqueue.enqueue("test.fail_hard")
+        run_jobs()
+    finally:
+        for signal in hooked:
+            signal.disconnect(receiver)
+
+    assert refreshed(job)[0].result == {"attempt": 1, "renewed": True, "cancelled": False}
+    assert seen == [
+        ("started", "helpers.context", None),
+        ("finished", "helpers.context", "done"),
+        ("started", "test.fail_hard", None),
+        ("failed", "test.fail_hard", "dead"),
+        ("dead", "test.fail_hard", None),
+    ]
+
+
 def test_a_database_error_in_a_handler_leaves_the_test_transaction_usable() -> None:
     job = jobqueue.enqueue("helpers.db_error", max_attempts=1)
     Order.objects.create(number="kept")

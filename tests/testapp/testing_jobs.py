@@ -55,3 +55,9 @@ def cancel_self(ctx: jobqueue.JobContext) -> str:
     """Ask for this job's own cancellation while it runs, then return a result."""
     jobqueue.cancel(ctx.job_id)
     return "finished anyway"
+
+
+@jobqueue.handler("helpers.context", takes_context=True)
+def context(ctx: jobqueue.JobContext) -> dict[str, Any]:
+    """Report what the context says while run_jobs() holds the lease."""
+    return {"attempt": ctx.attempt, "renewed": ctx.renew_lease(), "cancelled": ctx.cancelled}
