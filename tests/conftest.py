@@ -17,6 +17,9 @@ from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The job_queue fixture, enabled as a project would (tests/test_testing_helpers.py uses it).
+pytest_plugins = ["django_jobqueue.testing.pytest_plugin"]
+
 
 def poll(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05) -> Any:
     """Return predicate()'s first truthy value, failing the test after `timeout` seconds."""
