@@ -63,7 +63,7 @@ test: lint typecheck checks docs
 # Combine the coverage data of the lanes run since the last `make test` and report it.
 coverage: venv
 	@cd $(COV_DATA) && COVERAGE_FILE=$(COV_DATA)/.coverage \
-		$(BIN)/coverage combine --rcfile=$(CURDIR)/pyproject.toml --quiet .
+		$(CURDIR)/$(BIN)/coverage combine --rcfile=$(CURDIR)/pyproject.toml --quiet .
 	COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage report --rcfile=$(CURDIR)/pyproject.toml
 
 # The chaos suite alone on each database (`make test` runs it too); see

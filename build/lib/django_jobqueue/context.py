@@ -14,7 +14,18 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class JobContext:
-    """What a running job may know and do: its id, attempt, upstream results, lease renewal."""
+    """What a running job may know and do: its id, attempt, upstream results, lease renewal.
+
+    The worker passes one as the first argument to a handler registered with
+    ``takes_context=True``; handlers never build one.
+
+    Attributes:
+        job: The job row as the worker claimed it.
+        attempt: This attempt's number, from 1 (the lease's generation).
+        worker_id: The id of the worker running it.
+        lease_ttl: The lease TTL that `renew_lease()` applies: the worker's ``--lease-ttl``,
+            else ``JOBQUEUE["LEASE_TTL"]``.
+    """
 
     job: Job
     attempt: int

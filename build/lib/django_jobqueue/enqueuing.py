@@ -46,6 +46,33 @@ def enqueue(
     on another database, the write waits for that transaction's commit (and the returned job
     is saved then). Every check runs before anything is written. With `unique_key`, while an
     unfinished job holds the same key, that job is returned and nothing is inserted.
+
+    Args:
+        type: The handler key, registered in this process.
+        args: Keyword arguments for the handler: a JSON object (``None`` means ``{}``).
+        depends_on: Jobs, or their ids, that must be `done` before this one runs.
+        parent: The open container this job belongs to.
+        group: Fair-share group (``""``: the default group); up to 200 characters.
+        weight: Fair-share weight of the group, from 1.
+        priority: Higher runs first within its group; ties go to the older job.
+        queue: Queue name; ``None`` means ``JOBQUEUE["DEFAULT_QUEUE"]``.
+        run_after: Don't run before this aware datetime, or this long after the database's
+            current time (a timedelta).
+        max_attempts: Attempts before the job is `dead`; ``None`` means
+            ``JOBQUEUE["MAX_ATTEMPTS"]``.
+        timeout: Seconds, or a timedelta, one attempt may run; ``None`` means
+            ``JOBQUEUE["TIMEOUT"]``.
+        unique_key: While an unfinished job holds this key, return it and insert nothing.
+
+    Returns:
+        The new job: ``ready``; ``scheduled`` until a future `run_after`; ``waiting`` while an
+        upstream job is not done; ``cancelled`` when one is already dead or cancelled. Or the
+        unfinished job that holds `unique_key`.
+
+    Raises:
+        InvalidJobError: Bad input (a ``ValueError`` too); its subclasses
+            `UnknownHandlerError`, `InvalidArgumentsError` and `InvalidDependencyError`
+            name the cause. Nothing was written.
     """
     return _enqueue(
         type, args, depends_on=depends_on, parent=parent, follow_caller=True,

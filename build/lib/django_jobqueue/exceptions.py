@@ -34,7 +34,19 @@ class UnsupportedDatabaseError(JobQueueError):
 
 
 class Retry(Exception):
-    """Raised by a handler to retry the job later, after `delay` (seconds or timedelta) or `at`."""
+    """Raised by a handler to retry the job later, after `delay` (seconds or timedelta) or `at`.
+
+    The attempt counts: on the job's last attempt it becomes `dead` instead. With neither
+    `delay` nor `at`, the job is ready again at once.
+
+    Args:
+        delay: Seconds, or a timedelta, from the database's current time.
+        at: An aware datetime to run it again at.
+        reason: The attempt's error message (a default one names `delay` and `at`).
+
+    Raises:
+        ValueError: Both `delay` and `at` were given, or `delay` is negative.
+    """
 
     def __init__(
         self,

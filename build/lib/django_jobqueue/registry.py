@@ -31,7 +31,23 @@ _allowlist: tuple[str, ...] | None = None  # sorted keys, rebuilt after a change
 
 
 def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
-    """Register the decorated function as the handler for `key`."""
+    """Register the decorated function as the handler for `key`.
+
+    The registry is the allowlist of what `enqueue()` accepts and what a worker runs: a worker
+    claims only jobs whose handler it has. The worker calls ``func(**job.args)``, or
+    ``func(ctx, **job.args)`` with `takes_context`, and stores what it returns as the job's
+    result, which must be JSON (else the job dies with `ResultNotStored`). An ``async def``
+    function runs with ``asyncio.run()`` in the handler's thread.
+
+    Args:
+        key: 1 to 200 characters: a letter, digit or ``_``, then letters, digits, ``_``,
+            ``.``, ``:`` or ``-``; a dotted name such as ``"shop.send_confirmation"``.
+        takes_context: Pass a `JobContext` to the handler as its first positional argument.
+
+    Raises:
+        HandlerRegistrationError: The key is invalid, or already registered to another
+            function (registering the same function again is allowed).
+    """
     if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise HandlerRegistrationError(
             f"Handler key {key!r} is invalid: use 1-200 letters, digits, '_', '.', ':' or '-'."

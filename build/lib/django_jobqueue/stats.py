@@ -56,7 +56,20 @@ def collect(
     minutes: int = DEFAULT_MINUTES,
     thresholds: Thresholds | None = None,
 ) -> dict[str, Any]:
-    """Return the queue's figures as one JSON-ready dict, with the health problems found."""
+    """Return the queue's figures as one JSON-ready dict, with the health problems found.
+
+    It is what ``manage.py jobqueue_stats --json`` prints; its keys are described in the
+    stats command's reference. The key ``problems`` lists what ``--check`` fails on.
+
+    Args:
+        dialect: The queue database's dialect:
+            ``django_jobqueue.dialects.get_dialect(django_jobqueue.conf.get().database)``.
+        lease_ttl: Leases expired for longer than this many seconds count as not reclaimed
+            (the command passes ``JOBQUEUE["LEASE_TTL"]``).
+        minutes: The throughput window, in minutes.
+        thresholds: When the queue counts as unhealthy; the defaults of ``--max-age``
+            (600 s) and ``--max-expired`` (0) when ``None``.
+    """
     using = dialect.using
     jobs = Job.objects.using(using)
     now = _now(dialect)
