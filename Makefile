@@ -6,8 +6,13 @@ BIN := $(VENV)/bin
 PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
 PYTEST_ARGS ?=
+# `make demo` has a venv of its own with only the package and the `demo` extra (no database
+# driver, no test or dev tools): it runs on SQLite, and needs no MySQL client headers.
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
 
-.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql chaos docs demo bench clean
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql chaos docs demo \
+	demo-venv demo-site bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -62,8 +67,24 @@ chaos: venv
 bench: venv
 	PY=$(BIN)/python bash bench/run.sh
 
-demo: venv
-	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(BIN)
+$(DEMO_BIN)/.installed: pyproject.toml
+	@if [ ! -x $(DEMO_BIN)/python ]; then \
+		test -n "$(PYTHON)" || { .ci/find-python; exit 1; }; \
+		echo "$(PYTHON) -m venv $(DEMO_VENV)"; $(PYTHON) -m venv $(DEMO_VENV); fi
+	$(DEMO_BIN)/python -m pip install --quiet --upgrade pip
+	$(DEMO_BIN)/python -m pip install --quiet -e ".[demo]"
+	@touch $@
+
+demo-venv: $(DEMO_BIN)/.installed
+
+# The story on a fresh SQLite database (example_project/README.md); exits non-zero if it fails.
+demo: demo-venv
+	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN)
+
+# The example site on 127.0.0.1:8000 with the demo's database and an admin login (admin/admin).
+demo-site: demo-venv
+	$(MAKE) -C example_project site BIN=$(CURDIR)/$(DEMO_BIN)
 
 clean:
-	rm -rf $(VENV) .test-state .bench-state .site example_project/db.sqlite3*
+	rm -rf $(VENV) $(DEMO_VENV) .test-state .bench-state .site example_project/db.sqlite3* \
+		example_project/workflow.svg example_project/demo-worker.log
