@@ -79,11 +79,11 @@ demo-venv: $(DEMO_BIN)/.installed
 
 # The story on a fresh SQLite database (example_project/README.md); exits non-zero if it fails.
 demo: demo-venv
-	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN)
+	$(MAKE) --no-print-directory -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN)
 
 # The example site on 127.0.0.1:8000 with the demo's database and an admin login (admin/admin).
 demo-site: demo-venv
-	$(MAKE) -C example_project site BIN=$(CURDIR)/$(DEMO_BIN)
+	$(MAKE) --no-print-directory -C example_project site BIN=$(CURDIR)/$(DEMO_BIN)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .test-state .bench-state .site example_project/db.sqlite3* \
