@@ -179,9 +179,14 @@ class Command(BaseCommand):
                 with Live(
                     self.view(worker.pid, watch), console=self.console, refresh_per_second=8
                 ) as live:
+                    printed = 0.0
                     while True:
                         finished = self.step(cast, roles, watch)
                         live.update(self.view(worker.pid, watch))
+                        if not self.console.is_terminal and watch.elapsed() - printed > 3:
+                            # Not a terminal (CI, a pipe): Live shows only its last frame.
+                            printed = watch.elapsed()
+                            self.console.print(self.view(worker.pid, watch))
                         if finished:
                             break
                         if worker.poll() is not None:
@@ -302,8 +307,9 @@ class Command(BaseCommand):
         acme, globex = share["acme"], share["globex"]
         ratio = acme / globex if globex else float("inf")
         self.console.print(
-            f"Fair share: until acme's last product sync started, acme had started {acme} and "
-            f"globex {globex} of theirs ({ratio:.1f} : 1; weights 3 : 1)."
+            f"Fair share: until acme's last product sync started, acme had started {acme} of "
+            f"them and globex {globex}: {ratio:.1f} : 1 for weights 3 : 1 (the ops jobs took "
+            "slots too)."
         )
         return check(cast, jobs, ratio)
 
