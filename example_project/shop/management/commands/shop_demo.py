@@ -73,6 +73,7 @@ class Watch:
 
     start: float = field(default_factory=time.monotonic)
     states: dict[int, str] = field(default_factory=dict)
+    errors: dict[int, int] = field(default_factory=dict)  # failed attempts reported, by job
     since: dict[int, float] = field(default_factory=dict)
     paid: bool = False
     cancelled: bool = False
@@ -207,16 +208,27 @@ class Command(BaseCommand):
 
     def step(self, cast: Cast, roles: dict[int, str], watch: Watch) -> bool:
         """Report what changed, act where the story says so; True once everything finished."""
-        rows = Job.objects.filter(pk__in=roles).values_list("pk", "state", "attempts")
+        rows = Job.objects.filter(pk__in=roles).values_list(
+            "pk", "type", "state", "attempts", "errors"
+        )
         now = watch.elapsed()
-        for pk, state, attempts in sorted(rows):
+        for pk, type_, state, attempts, errors in sorted(rows):
+            # Each failed attempt leaves an entry in `errors`: report it even when the poll
+            # missed the short `scheduled` state between the attempts.
+            for error in errors[watch.errors.get(pk, 0) :]:
+                kind = str(error.get("type", "")).rpartition(".")[2]
+                self.say(
+                    watch,
+                    f"#{pk} [cyan]{type_}[/] [red]failed[/] attempt {error.get('attempt')}: "
+                    f"{kind}: {error.get('message')}",
+                )
+            watch.errors[pk] = len(errors)
             before = watch.states.get(pk)
             if before != state:
                 watch.states[pk], watch.since[pk] = state, now
                 text = note(roles[pk], state, attempts)
                 if before is not None and text:
-                    job = Job.objects.get(pk=pk)
-                    self.say(watch, f"#{pk} [cyan]{job.type}[/] {text}")
+                    self.say(watch, f"#{pk} [cyan]{type_}[/] {text}")
         ship, search = int(cast.ship.pk), int(cast.search.pk)
         if not watch.paid and watch.states[ship] == Job.State.DEAD and self.waited(watch, ship):
             with transaction.atomic():
@@ -351,10 +363,9 @@ def enqueue_story(products: int) -> Cast:
 def note(role: str, state: str, attempts: int) -> str:
     """What a change of state of one of the followed jobs means; '' for nothing to tell."""
     notes = {
-        ("rates", "scheduled"): f"failed attempt {attempts} (ConnectionError): retried after "
-        "the backoff",
+        ("rates", "scheduled"): "waits for its retry (scheduled, after the backoff)",
         ("rates", "done"): f"done on attempt {attempts}",
-        ("ship", "dead"): "is [red]dead[/]: Fail('Order ORD-0001 is not paid: not shipping it')",
+        ("ship", "dead"): "is [red]dead[/]: Fail means no retries",
         ("ship", "done"): f"done on attempt {attempts}",
         ("email", "cancelled"): "is [yellow]cancelled[/]: its upstream job is dead",
         ("email", "done"): "done: the tracking email is out",
