@@ -11,7 +11,13 @@ PYTEST_ARGS ?=
 COV_DATA ?= $(CURDIR)/.coverage-data
 PYTEST = COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage run --rcfile=$(CURDIR)/pyproject.toml -m pytest
 
-.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql coverage chaos docs demo bench clean
+# `make demo` has a venv of its own with only the package and the `demo` extra (no database
+# driver, no test or dev tools): it runs on SQLite, and needs no MySQL client headers.
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+
+.PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql coverage chaos docs \
+	demo demo-venv demo-site bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -75,8 +81,24 @@ chaos: venv
 bench: venv
 	PY=$(BIN)/python bash bench/run.sh
 
-demo: venv
-	$(MAKE) -C example_project demo BIN=$(CURDIR)/$(BIN)
+$(DEMO_BIN)/.installed: pyproject.toml
+	@if [ ! -x $(DEMO_BIN)/python ]; then \
+		test -n "$(PYTHON)" || { .ci/find-python; exit 1; }; \
+		echo "$(PYTHON) -m venv $(DEMO_VENV)"; $(PYTHON) -m venv $(DEMO_VENV); fi
+	$(DEMO_BIN)/python -m pip install --quiet --upgrade pip
+	$(DEMO_BIN)/python -m pip install --quiet -e ".[demo]"
+	@touch $@
+
+demo-venv: $(DEMO_BIN)/.installed
+
+# The story on a fresh SQLite database (example_project/README.md); exits non-zero if it fails.
+demo: demo-venv
+	$(MAKE) --no-print-directory -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN)
+
+# The example site on 127.0.0.1:8000 with the demo's database and an admin login (admin/admin).
+demo-site: demo-venv
+	$(MAKE) --no-print-directory -C example_project site BIN=$(CURDIR)/$(DEMO_BIN)
 
 clean:
-	rm -rf $(VENV) .test-state .bench-state .site .coverage-data example_project/db.sqlite3*
+	rm -rf $(VENV) $(DEMO_VENV) .test-state .bench-state .site .coverage-data \
+		example_project/db.sqlite3* example_project/workflow.svg example_project/demo-worker.log

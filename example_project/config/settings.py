@@ -88,6 +88,9 @@ JOBQUEUE = {
     "POLL_INTERVAL": 0.2,
     # Attempts a job gets before it is marked dead, unless enqueue() says otherwise (default 3).
     "MAX_ATTEMPTS": 3,
+    # Base of the exponential backoff between attempts, in seconds (default 2.0). Short here so
+    # the demo's failing job is retried half a second later.
+    "RETRY_BACKOFF": 0.5,
     # Seconds one attempt may run before it is failed (default None: no limit).
     "TIMEOUT": 30,
 }

@@ -7,6 +7,7 @@ handler is idempotent: running it twice leaves the order as running it once does
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import django_jobqueue as jobqueue
@@ -51,3 +52,60 @@ def send_receipt(ctx: jobqueue.JobContext, order_id: int) -> dict[str, Any]:
     receipt = f"Order {order.number}: {charge['amount']} charged as {charge['charge_id']}"
     Order.objects.filter(pk=order.pk).update(status=Order.Status.COMPLETED)
     return {"order": order.number, "receipt": receipt, "upstream_jobs": sorted(upstream)}
+
+
+# The handlers of `make demo`'s story (manage.py shop_demo). They sleep to stand in for work,
+# so that the live display has something to show.
+
+
+@jobqueue.handler("shop.sync_product")
+def sync_product(tenant: str, sku: str, ms: int) -> dict[str, Any]:
+    """Copy one product from the tenant's supplier into its catalogue (here: `ms` ms of sleep)."""
+    time.sleep(ms / 1000)
+    return {"tenant": tenant, "sku": sku}
+
+
+@jobqueue.handler("shop.publish_catalogue")
+def publish_catalogue(tenant: str) -> dict[str, Any]:
+    """Publish the tenant's catalogue; it depends on the container of its product syncs."""
+    time.sleep(0.2)
+    return {"tenant": tenant, "published": True}
+
+
+@jobqueue.handler("shop.fetch_rates", takes_context=True)
+def fetch_rates(ctx: jobqueue.JobContext, currency: str) -> dict[str, Any]:
+    """Fetch exchange rates from a flaky service: the first attempt always times out."""
+    time.sleep(0.2)
+    if ctx.attempt == 1:
+        # Any exception fails the attempt; the job is retried after a backoff.
+        raise ConnectionError("exchange-rate service timed out")
+    return {"currency": currency, "eur": "1.08", "attempt": ctx.attempt}
+
+
+@jobqueue.handler("shop.ship_order")
+def ship_order(order_id: int) -> dict[str, Any]:
+    """Hand a paid order to the carrier; an unpaid one fails for good (Fail: no retries)."""
+    order = _order(order_id)
+    time.sleep(0.2)
+    if not order.paid:
+        raise jobqueue.Fail(f"Order {order.number} is not paid: not shipping it")
+    return {"order": order.number, "tracking": f"TRK-{order.number}"}
+
+
+@jobqueue.handler("shop.email_tracking", takes_context=True)
+def email_tracking(ctx: jobqueue.JobContext, order_id: int) -> dict[str, Any]:
+    """Send the tracking number that ship_order returned (here: compose the message)."""
+    order = _order(order_id)
+    tracking = [r["tracking"] for r in ctx.upstream_results.values() if isinstance(r, dict)]
+    time.sleep(0.1)
+    return {"order": order.number, "message": f"Your order ships as {', '.join(tracking)}"}
+
+
+@jobqueue.handler("shop.rebuild_search", takes_context=True)
+def rebuild_search(ctx: jobqueue.JobContext, batches: int) -> dict[str, Any]:
+    """Rebuild the search index batch by batch, stopping early when cancelled."""
+    for done in range(batches):
+        if ctx.cancelled:  # jobqueue.cancel() was called: stop; the job ends `cancelled`
+            return {"batches": done, "stopped_early": True}
+        time.sleep(0.1)
+    return {"batches": batches, "stopped_early": False}

@@ -1,0 +1,148 @@
+"""`make demo` and `make demo-site`: what they install, the admin login, and the story itself.
+
+The example project runs with its own settings (config.settings), so these tests drive it in
+subprocesses, each on an SQLite database of its own under tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import django
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "example_project"
+# What `make demo` must never install: database drivers (mysqlclient needs the MySQL client
+# headers to build), and the test and dev toolchains.
+HEAVY = {
+    "mysqlclient", "psycopg", "psycopg-binary", "psycopg2", "pytest", "pytest-django",
+    "pytest-cov", "factory-boy", "hypothesis", "ruff", "mypy", "django-stubs", "mkdocs",
+    "playwright",
+}  # fmt: skip
+
+
+# The example project needs django.tasks (Django 6.0+), and runs on SQLite files of its own:
+# once per suite run is enough, in its SQLite run.
+example_project = pytest.mark.skipif(
+    django.VERSION < (6, 0)
+    or not (os.environ.get("DATABASE_URL") or "sqlite:").startswith("sqlite"),
+    reason="the example project needs Django 6.0+; it is tested in the SQLite run of the suite",
+)
+
+
+def _name(requirement: str) -> str:
+    """The normalised project name of a requirement string, extras and versions dropped."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip())
+    assert match, requirement
+    return re.sub(r"[._-]+", "-", match.group()).lower()
+
+
+def test_the_demo_extra_holds_no_database_driver_nor_dev_tool() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    demo = project["optional-dependencies"]["demo"]
+    names = {_name(r) for r in [*demo, *project["dependencies"]]}
+    assert not names & HEAVY
+    assert not any(r.startswith("django-jobqueue[") for r in demo)  # no other extra pulled in
+    assert {"django", "django-environ", "rich"} <= names
+
+
+def test_make_demo_installs_only_the_demo_extra() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [
+        line.strip() for line in makefile.splitlines() if "$(DEMO_BIN)/python -m pip" in line
+    ]
+    assert installs[-1] == '$(DEMO_BIN)/python -m pip install --quiet -e ".[demo]"'
+    assert all("dev" not in line and "test" not in line for line in installs)
+    assert re.search(r"^demo: demo-venv$", makefile, re.MULTILINE)
+    assert re.search(r"^demo-site: demo-venv$", makefile, re.MULTILINE)
+    assert "unexport DATABASE_URL" in (EXAMPLE / "Makefile").read_text()  # SQLite only
+
+
+def _manage(python: str, db: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", **env}
+    environ.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py sets config.settings
+    return subprocess.run(
+        [python, "manage.py", *args], cwd=EXAMPLE, env=environ, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+ADMIN_PAGES = """
+from django.core.management import call_command
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django_jobqueue.models import Job
+
+call_command("shop_place_order", "--total", "25.00")
+call_command("shop_demo_admin")
+call_command("shop_demo_admin")
+setup_test_environment()
+client = Client()
+assert client.login(username="admin", password="admin")
+job = Job.objects.get(type="shop.send_receipt")
+pages = [
+    "/admin/",
+    "/admin/django_jobqueue/job/",
+    f"/admin/django_jobqueue/job/{job.pk}/change/",
+    "/admin/django_jobqueue/worker/",
+    "/admin/shop/order/",
+]
+for url in pages:
+    response = client.get(url)
+    print(url, response.status_code, b"<svg" in response.content)
+"""
+
+
+@example_project
+def test_the_demo_site_has_an_admin_login_and_working_pages(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite3"
+    _ok(_manage(sys.executable, db, "migrate", "--verbosity", "0"))
+    out = _ok(_manage(sys.executable, db, "shell", "-c", ADMIN_PAGES))
+    assert "Created the superuser 'admin' (password 'admin')" in out
+    assert "Updated the superuser 'admin'" in out  # run again: the same login, reset
+    assert "http://127.0.0.1:8000/admin/" in out
+    pages = [line for line in out.splitlines() if line.startswith("/admin/")]
+    assert [line.split()[1] for line in pages] == ["200"] * 5, out
+    assert pages[2].endswith("True"), "the job page draws its workflow"
+
+
+@example_project
+def test_the_demo_admin_login_needs_debug(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite3"
+    _ok(_manage(sys.executable, db, "migrate", "--verbosity", "0"))
+    result = _manage(sys.executable, db, "shop_demo_admin", DEBUG="false")
+    assert result.returncode != 0
+    assert "only with DEBUG on and an SQLite database" in result.stderr
+
+
+@pytest.mark.slow
+@example_project
+def test_make_demo_tells_its_story_end_to_end(tmp_path: Path) -> None:
+    """The demo's own venv (built by `make demo-venv` if needed) runs the whole story."""
+    subprocess.run(["make", "--no-print-directory", "demo-venv"], cwd=ROOT, check=True)
+    python = str(ROOT / ".venv-demo" / "bin" / "python")
+    db, svg, log = tmp_path / "db.sqlite3", tmp_path / "workflow.svg", tmp_path / "worker.log"
+    _ok(_manage(python, db, "migrate", "--verbosity", "0"))
+    out = _ok(_manage(python, db, "shop_demo", "--svg", str(svg), "--worker-log", str(log)))
+    assert "Everything went as told" in out
+    assert out.rstrip().splitlines()[-1].strip() == "make demo-site"
+    for told in ("failed attempt 1", "is dead", "jobqueue.retry(", "jobqueue.cancel("):
+        assert told in out
+    picture = svg.read_text()
+    assert picture.startswith("<?xml") and "catalogue-acme" in picture
+    assert 'href="http://127.0.0.1:8000/admin/django_jobqueue/job/' in picture
+    assert "Job id=" in log.read_text()  # the worker's own log
+
+    again = _manage(python, db, "shop_demo", "--svg", str(svg), "--worker-log", str(log))
+    assert again.returncode != 0 and "fresh database" in again.stderr
