@@ -68,8 +68,9 @@ test: lint typecheck checks docs
 
 # Combine the coverage data of the lanes run since the last `make test` and report it.
 coverage: venv
-	@cd $(COV_DATA) && COVERAGE_FILE=$(COV_DATA)/.coverage \
-		$(CURDIR)/$(BIN)/coverage combine --rcfile=$(CURDIR)/pyproject.toml --quiet .
+	@test -d $(COV_DATA) || { echo "No coverage data in $(COV_DATA): run a test lane first."; exit 1; }
+	cd $(COV_DATA) && COVERAGE_FILE=$(COV_DATA)/.coverage \
+		$(abspath $(BIN))/coverage combine --rcfile=$(CURDIR)/pyproject.toml --keep --quiet .
 	COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage report --rcfile=$(CURDIR)/pyproject.toml
 
 # The chaos suite alone on each database (`make test` runs it too); see

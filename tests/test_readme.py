@@ -4,8 +4,8 @@ project from `django-admin startproject`, the handlers, an enqueue and a burst w
 The README marks each block it wants run with an HTML comment just before it:
 `<!-- quickstart: sh -->` (shell lines, run in order with the venv activated once it exists),
 `<!-- quickstart: append PATH -->` (Python appended to a file), `<!-- quickstart: file PATH -->`
-(a file written), `<!-- quickstart: shell -->` (Python for the `manage.py shell` line) and
-`<!-- quickstart: append-postgres PATH -->` (appended only when the run is on PostgreSQL).
+(a file written) and `<!-- quickstart: append-postgres PATH -->` (appended only when the run
+is on PostgreSQL, with the database's name replaced by one of the test's own).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_the_readme_marks_every_quick_start_block():
     fences = section.count("```") // 2
     steps = quickstart_steps()
     assert len(steps) == fences
-    assert [s.kind for s in steps] == ["sh", "append", "append-postgres", "file", "shell", "sh"]
+    assert [s.kind for s in steps] == ["sh", "append", "append-postgres", "file", "file", "sh"]
 
 
 def base_python() -> str:
@@ -79,7 +79,6 @@ def run_quickstart(tmp_path: Path, postgres_name: str | None) -> Path:
     env = user_environment()
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    shell_input = ""
     for step in quickstart_steps():
         if step.kind == "sh":
             lines = [ln for ln in step.body.splitlines() if ln.strip()]
@@ -87,10 +86,7 @@ def run_quickstart(tmp_path: Path, postgres_name: str | None) -> Path:
             if (project / ".venv").exists():
                 script += ". .venv/bin/activate\n"
             for line in lines:
-                command = line.split("  #")[0].rstrip()
-                if command.endswith("manage.py shell"):
-                    command += " <<'JOBQUEUE_README'\n" + shell_input + "JOBQUEUE_README"
-                script += command + "\n"
+                script += line.split("  #")[0].rstrip() + "\n"
             done = subprocess.run(
                 ["bash", "-c", script],
                 cwd=project,
@@ -113,8 +109,6 @@ def run_quickstart(tmp_path: Path, postgres_name: str | None) -> Path:
                     f.write("\n" + body)
         elif step.kind == "file":
             (project / str(step.path)).write_text(step.body)
-        elif step.kind == "shell":
-            shell_input = step.body
         else:  # pragma: no cover - the marker list is checked above
             raise AssertionError(f"unknown quick start step {step.kind!r}")
     return project

@@ -102,7 +102,8 @@ def run_jobs(
     needed.
 
     Args:
-        queues: Run only the jobs of these queues (default: every queue); one name will do.
+        queues: Run only the jobs of these queues; one name will do. None or an empty list
+            means every queue, as for the worker.
         ignore_delays: Treat every delay as over: a retry's backoff, `Retry(delay=...)` and a
             `run_after` in the future. Such jobs are made due now (their `run_after` becomes
             the current time) and run at once, so a test never sleeps. With False, a job that

@@ -106,7 +106,7 @@ TASKS = {
     }
 }
 
-# Show the worker's INFO lines (job started / done / failed) on stderr.
+# Show the worker's INFO and WARNING lines (start-up, failures, retries) on stderr.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
