@@ -114,9 +114,10 @@ def run_quickstart(tmp_path: Path, postgres_name: str | None) -> Path:
     return project
 
 
-def project_states(project: Path) -> dict[str, object]:
+def project_python(project: Path, *args: str) -> str:
+    """Run the project venv's python with `args` in the project; return its stdout."""
     done = subprocess.run(
-        [".venv/bin/python", "manage.py", "jobqueue_stats", "--json"],
+        [".venv/bin/python", *args],
         cwd=project,
         capture_output=True,
         text=True,
@@ -124,7 +125,11 @@ def project_states(project: Path) -> dict[str, object]:
         env=user_environment(),
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return done.stdout
+
+
+def project_states(project: Path) -> dict[str, object]:
+    return json.loads(project_python(project, "manage.py", "jobqueue_stats", "--json"))
 
 
 def project_results(project: Path) -> list[tuple[str, str, object]]:
@@ -132,17 +137,9 @@ def project_results(project: Path) -> list[tuple[str, str, object]]:
         "import json; from django_jobqueue.models import Job; "
         "print(json.dumps(list(Job.objects.order_by('id').values_list('type', 'state', 'result'))))"
     )
-    done = subprocess.run(
-        [".venv/bin/python", "manage.py", "shell", "-c", code],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=user_environment(),
-    )
-    assert done.returncode == 0, done.stderr
+    out = project_python(project, "manage.py", "shell", "-c", code)
     # Django 6's shell first reports the objects it imported automatically.
-    return [tuple(row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+    return [tuple(row) for row in json.loads(out.strip().splitlines()[-1])]
 
 
 def check_installed_package(project: Path) -> None:
@@ -152,16 +149,7 @@ def check_installed_package(project: Path) -> None:
         "print(pathlib.Path(django_jobqueue.__file__).parent); "
         "print(m.distribution('django-jobqueue').read_text('licenses/LICENSE') is not None)"
     )
-    done = subprocess.run(
-        [".venv/bin/python", "-c", code],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=user_environment(),
-    )
-    assert done.returncode == 0, done.stderr
-    installed, has_licence = done.stdout.split()
+    installed, has_licence = project_python(project, "-c", code).split()
     assert has_licence == "True"
     assert Path(installed).resolve() != (ROOT / "django_jobqueue").resolve()
     for template in (ROOT / "django_jobqueue" / "templates").rglob("*.html"):
