@@ -389,3 +389,19 @@ def test_the_decorator_schedules_a_task(declared):
     jobqueue.schedule("task-deco", cron="0 * * * *", args={"a": 1, "b": 2})(tasks.add)
     (s,) = schedules.configured()
     assert s.task == "tests.testapp.tasks.add" and s.cron == "0 * * * *"
+
+
+@pytest.mark.django_db
+def test_the_schedules_command_with_none_and_with_bad_options(settings):
+    """No schedules is said plainly; a bad --count or a bad SCHEDULES is a CommandError."""
+    from django.core.management.base import CommandError
+
+    settings.JOBQUEUE = {"SCHEDULES": {}}
+    out = StringIO()
+    call_command("jobqueue_schedules", stdout=out)
+    assert out.getvalue().strip() == "No schedules (JOBQUEUE['SCHEDULES'] is empty)."
+    with pytest.raises(CommandError, match="--count must be at least 1"):
+        call_command("jobqueue_schedules", "--count", "0", stdout=StringIO())
+    settings.JOBQUEUE = {"SCHEDULES": {"broken": {"handler": "test.noop"}}}
+    with pytest.raises(CommandError, match="broken"):
+        call_command("jobqueue_schedules", stdout=StringIO())

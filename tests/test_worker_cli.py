@@ -83,6 +83,12 @@ def test_help_lists_every_option():
         (["--shutdown-timeout", "-1"], "must not be negative"),
         (["--max-jobs", "0"], "must be positive"),
         (["--lease-ttl", "2", "--heartbeat-interval", "5"], "at most half the lease TTL"),
+        (["--shutdown-timeout", "soon"], "is not a number"),
+        (["--shutdown-timeout", "inf"], "must not be negative (and finite)"),
+        (["--prefetch", "-1"], "must not be negative"),
+        (["--prefetch", "lots"], "is not a whole number"),
+        (["--worker-id", ""], "must be 1 to 255 characters"),
+        (["--worker-id", "w" * 256], "must be 1 to 255 characters"),
     ],
 )
 def test_bad_option_values_are_refused_before_the_worker_starts(args, message):
