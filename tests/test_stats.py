@@ -241,3 +241,9 @@ def test_unknown_handlers_are_those_no_live_worker_has():
     row.handlers = ["test.add"]
     row.save()
     assert stats_json()["unknown_handlers"] == {"test.noop": 1}
+    make("ready", type="test.noop", queue="reports")  # no live worker takes "reports"
+    out = StringIO()
+    call_command("jobqueue_stats", stdout=out)
+    text = out.getvalue()
+    assert "Ready jobs no live worker serves: reports (1)" in text, text
+    assert "Jobs with no handler registered here: test.noop (2)" in text, text

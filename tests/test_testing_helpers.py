@@ -595,3 +595,11 @@ def dt_hours(hours: float) -> Any:
     import datetime as dt
 
     return dt.timedelta(hours=hours)
+
+
+def test_the_lazy_names_are_listed_and_unknown_names_refused():
+    import django_jobqueue.testing as testing
+
+    assert {"run_jobs", "assert_enqueued", "capture_enqueued", "RunReport"} <= set(dir(testing))
+    with pytest.raises(AttributeError, match="no attribute 'run_job'"):
+        testing.run_job  # noqa: B018

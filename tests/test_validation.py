@@ -569,3 +569,12 @@ def test_check_run_after() -> None:
     assert validation.check_run_after(None) is None
     assert validation.check_run_after(aware) is aware
     assert validation.check_run_after(dt.timedelta(seconds=5)) == dt.timedelta(seconds=5)
+
+
+def test_retry_takes_a_delay_or_a_time_never_both_nor_a_negative_delay():
+    """`raise jobqueue.Retry(...)` checks its arguments where the handler raises it."""
+    assert jobqueue.Retry(dt.timedelta(minutes=2)).delay == 120.0
+    with pytest.raises(ValueError, match="delay or at, not both"):
+        jobqueue.Retry(5, at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+    with pytest.raises(ValueError, match="must not be negative"):
+        jobqueue.Retry(-1)
