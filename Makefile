@@ -66,12 +66,17 @@ test: lint typecheck checks docs
 	$(MAKE) test-sqlite test-postgres test-mysql
 	$(MAKE) coverage
 
-# Combine the coverage data of the lanes run since the last `make test` and report it.
+# Combine the coverage data of the lanes run since the last `make test` and report it. With
+# CI=true (all three databases) the report fails below COV_MIN; the combined figure was 94.1%
+# on 2026-11-30 and the aim is 95%. A machine without PostgreSQL or MariaDB runs fewer lanes,
+# so the figure is lower there, and nothing fails on it.
+COV_MIN ?= 93
 coverage: venv
 	@test -d $(COV_DATA) || { echo "No coverage data in $(COV_DATA): run a test lane first."; exit 1; }
-	cd $(COV_DATA) && COVERAGE_FILE=$(COV_DATA)/.coverage \
-		$(abspath $(BIN))/coverage combine --rcfile=$(CURDIR)/pyproject.toml --keep --quiet .
-	COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage report --rcfile=$(CURDIR)/pyproject.toml
+	cd $(COV_DATA) && if ls .coverage.* >/dev/null 2>&1; then COVERAGE_FILE=$(COV_DATA)/.coverage \
+		$(abspath $(BIN))/coverage combine --rcfile=$(CURDIR)/pyproject.toml --keep --quiet .; fi
+	COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage report --rcfile=$(CURDIR)/pyproject.toml \
+		$(if $(filter true,$(CI)),--fail-under=$(COV_MIN))
 
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
