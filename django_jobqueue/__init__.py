@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from . import lazy
 from .exceptions import (
     Fail,
     HandlerRegistrationError,
@@ -81,14 +82,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_jobqueue' has no attribute {name!r}")
-    from importlib import import_module
-
-    # No module of this package is named like a lazy name: importing a submodule sets the
-    # package attribute of its name, which would shadow the function of that name.
-    return getattr(import_module(f"{__name__}.{module}"), name)
+    return lazy.load(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import lazy
+
 if TYPE_CHECKING:
     from .assertions import (
         CapturedJobs,
@@ -49,12 +51,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_jobqueue.testing' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"{__name__}.{module}"), name)
+    return lazy.load(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:
