@@ -80,9 +80,7 @@ class Job(models.Model):
     )
     run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
-    lease_owner = KeyField(  # noqa: DJ001 - NULL, not "", when no lease is held
-        _("lease owner"), max_length=255, null=True, blank=True
-    )
+    lease_owner = KeyField(_("lease owner"), max_length=255, null=True, blank=True)
     lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
     last_error = models.JSONField(_("last error"), null=True, blank=True)
@@ -104,9 +102,7 @@ class Job(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
-    unique_key = KeyField(  # noqa: DJ001 - NULL: no key; "" would be a key
-        _("unique key"), max_length=255, null=True, blank=True
-    )
+    unique_key = KeyField(_("unique key"), max_length=255, null=True, blank=True)
     # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
     # NULLs never collide, so a key is held by at most one unfinished job on every database.
     unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
@@ -268,7 +264,7 @@ class Worker(models.Model):
         verbose_name_plural = _("workers")
 
     def __str__(self) -> str:
-        return self.id
+        return str(self.id)
 
 
 class ConcurrencyLimit(models.Model):
@@ -281,7 +277,7 @@ class ConcurrencyLimit(models.Model):
         verbose_name_plural = _("concurrency limits")
 
     def __str__(self) -> str:
-        return self.key
+        return str(self.key)
 
 
 class Effect(models.Model):
@@ -295,7 +291,7 @@ class Effect(models.Model):
         verbose_name_plural = _("effects")
 
     def __str__(self) -> str:
-        return self.key
+        return str(self.key)
 
 
 class LiveLease(Job):
@@ -347,7 +343,7 @@ class ScheduleState(models.Model):
         verbose_name_plural = _("schedule states")
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)
 
 
 class RateLimitStart(models.Model):
