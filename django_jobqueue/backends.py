@@ -54,6 +54,9 @@ def task_key(alias: str, module_path: str) -> str:
 
 if HAS_TASKS:
 
+    class InvalidTaskArguments(InvalidTask, TypeError):
+        """Task arguments that are not JSON-serializable (a TypeError, as Django documents)."""
+
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class JobQueueTask(Task):  # type: ignore[type-arg]
         """A Task whose `using()` also takes django_jobqueue's options."""
@@ -195,7 +198,9 @@ if HAS_TASKS:
             try:
                 payload = json.loads(json.dumps(normalize_json(payload), allow_nan=False))
             except (TypeError, ValueError) as exc:
-                raise InvalidTask(f"Task arguments must be JSON-serializable: {exc}") from exc
+                raise InvalidTaskArguments(
+                    f"Task arguments must be JSON-serializable: {exc}"
+                ) from exc
             extra: dict[str, Any] = {}
             if isinstance(task, JobQueueTask):
                 extra = {
@@ -266,7 +271,9 @@ if HAS_TASKS:
                 id=str(job.pk),
                 status=TaskResultStatus(STATUS_BY_STATE[job.state]),
                 enqueued_at=job.created_at,
-                started_at=job.started_at,
+                # Django's started_at is the first attempt's start; rows written before
+                # first_started_at existed have only the latest.
+                started_at=job.first_started_at or job.started_at,
                 finished_at=job.finished_at,
                 last_attempted_at=job.started_at,
                 args=(job.args or {}).get("args", []),
@@ -298,6 +305,8 @@ if HAS_TASKS:
             if deferred:  # the claim reads only what running a job needs: the rest, at once
                 job.refresh_from_db(fields=sorted(deferred - {"result"}))
             job.started_at = timezone.now()
+            if job.first_started_at is None:
+                job.first_started_at = job.started_at
             job.state = "running"
             result: TaskResult[Any, Any] = self.backend._result(self.task, job)
             task_started.send(type(self.backend), task_result=result)

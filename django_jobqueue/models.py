@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from .dialects.fields import KeyField
 from .dialects.functions import DbNow
 from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
 
@@ -59,15 +60,15 @@ class Job(models.Model):
     LEASED_STATES: ClassVar[tuple[str, ...]] = (State.LEASED, State.RUNNING)
     TERMINAL_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.DEAD, State.CANCELLED)
 
-    type = models.CharField(_("handler key"), max_length=200)
+    type = KeyField(_("handler key"), max_length=200)
     args = models.JSONField(_("arguments"), default=dict)
     result = models.JSONField(_("result"), null=True, blank=True)
     state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.READY)
     attempts = models.IntegerField(_("attempts"), default=0)
     max_attempts = models.IntegerField(_("max attempts"), default=3)
-    queue = models.CharField(_("queue"), max_length=100, default="default")
+    queue = KeyField(_("queue"), max_length=100, default="default")
     priority = models.IntegerField(_("priority"), default=0)
-    group_key = models.CharField(_("group"), max_length=200, default="", blank=True)
+    group_key = KeyField(_("group"), max_length=200, default="", blank=True)
     weight = models.IntegerField(_("weight"), default=1)
     parent = models.ForeignKey(
         "self",
@@ -79,9 +80,7 @@ class Job(models.Model):
     )
     run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
-    lease_owner = models.CharField(  # noqa: DJ001 - NULL, not "", when no lease is held
-        _("lease owner"), max_length=255, null=True, blank=True
-    )
+    lease_owner = KeyField(_("lease owner"), max_length=255, null=True, blank=True)
     lease_expires = models.DateTimeField(_("lease expires"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
     last_error = models.JSONField(_("last error"), null=True, blank=True)
@@ -103,15 +102,14 @@ class Job(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
-    unique_key = models.CharField(  # noqa: DJ001 - NULL: no key; "" would be a key
-        _("unique key"), max_length=255, null=True, blank=True
-    )
+    unique_key = KeyField(_("unique key"), max_length=255, null=True, blank=True)
     # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
     # NULLs never collide, so a key is held by at most one unfinished job on every database.
     unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
-    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)  # latest attempt
+    first_started_at = models.DateTimeField(_("first started"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
@@ -249,7 +247,7 @@ class Worker(models.Model):
     (or that no longer lists the job), never because a job row could not be renewed.
     """
 
-    id = models.CharField(_("worker id"), max_length=255, primary_key=True)
+    id = KeyField(_("worker id"), max_length=255, primary_key=True)
     host = models.CharField(_("host"), max_length=255)
     pid = models.IntegerField(_("pid"))
     queues = models.JSONField(_("queues"), default=list)
@@ -266,26 +264,26 @@ class Worker(models.Model):
         verbose_name_plural = _("workers")
 
     def __str__(self) -> str:
-        return self.id
+        return str(self.id)
 
 
 class ConcurrencyLimit(models.Model):
     """A lock row per configured limit: claims that count against the limit serialize on it."""
 
-    key = models.CharField(_("limit"), max_length=255, primary_key=True)  # "group:x", "queue:y"
+    key = KeyField(_("limit"), max_length=255, primary_key=True)  # "group:x", "queue:y"
 
     class Meta:
         verbose_name = _("concurrency limit")
         verbose_name_plural = _("concurrency limits")
 
     def __str__(self) -> str:
-        return self.key
+        return str(self.key)
 
 
 class Effect(models.Model):
     """An effect a handler committed, by key: what record_effect() checks before doing it again."""
 
-    key = models.CharField(_("key"), max_length=255, unique=True)
+    key = KeyField(_("key"), max_length=255, unique=True)
     created_at = models.DateTimeField(_("recorded"), auto_now_add=True)
 
     class Meta:
@@ -293,7 +291,7 @@ class Effect(models.Model):
         verbose_name_plural = _("effects")
 
     def __str__(self) -> str:
-        return self.key
+        return str(self.key)
 
 
 class LiveLease(Job):
@@ -334,7 +332,7 @@ class ScheduleState(models.Model):
     exactly one changes the row, so each slot is enqueued once however many workers run.
     """
 
-    name = models.CharField(_("schedule"), max_length=200, primary_key=True)
+    name = KeyField(_("schedule"), max_length=200, primary_key=True)
     last_slot = models.DateTimeField(_("last slot"))  # enqueued or skipped
     enqueued_slot = models.DateTimeField(_("last enqueued slot"), null=True, blank=True)
     job_id = models.BigIntegerField(_("last job"), null=True, blank=True)
@@ -345,7 +343,7 @@ class ScheduleState(models.Model):
         verbose_name_plural = _("schedule states")
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)
 
 
 class RateLimitStart(models.Model):
@@ -355,7 +353,7 @@ class RateLimitStart(models.Model):
     jobs; rows older than the group's window are deleted by later claims.
     """
 
-    group_key = models.CharField(_("group"), max_length=200)
+    group_key = KeyField(_("group"), max_length=200)
     started_at = models.DateTimeField(_("started"))
     count = models.IntegerField(_("starts"))
 
@@ -373,7 +371,7 @@ class RateLimitStart(models.Model):
 class QueueState(models.Model):
     """A queue's operator state: while `paused`, workers claim none of its jobs."""
 
-    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    name = KeyField(_("queue"), max_length=100, primary_key=True)
     paused = models.BooleanField(_("paused"), default=False)
     paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
 

@@ -13,7 +13,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils.dateparse import parse_datetime
 
@@ -108,17 +108,7 @@ def collect(
     unserved = {
         q: n for q, n in sorted(ready_by_queue.items()) if n and not serves_all and q not in served
     }
-    # The handlers the live workers have (each lists its own); with none live, this
-    # process's registry says at least which types no code here knows.
-    known = {h for hs in live_handlers for h in hs or []} if live else set(registry.keys())
-    runnable = jobs.filter(state__in=(Job.State.READY, Job.State.SCHEDULED)).order_by()
-    unknown = {
-        t: n
-        for t, n in runnable.exclude(type__in=sorted(known))
-        .values_list("type")
-        .annotate(n=Count("pk"))
-        .order_by("type")
-    }
+    unknown = unhandled(jobs, live_handlers if live else None)
 
     start = now - dt.timedelta(minutes=minutes)
     per_minute: dict[str, dict[str, int]] = {}
@@ -152,6 +142,27 @@ def collect(
     }
     stats["problems"] = problems(stats, thresholds or Thresholds())
     return stats
+
+
+def unhandled(jobs: QuerySet[Job], live_handlers: list[list[str]] | None) -> dict[str, int]:
+    """Count the ready and scheduled jobs, by type, that no live worker has a handler for.
+
+    They wait (a worker claims only the types it has handlers for, so that a rolling deploy
+    never kills a job the newer release defines); `live_handlers` holds each live worker's
+    list. With no worker live (None), this process's registry says which types no code here
+    knows.
+    """
+    if live_handlers is None:
+        known = set(registry.keys())
+    else:
+        known = {h for hs in live_handlers for h in hs or []}
+    runnable = jobs.filter(state__in=(Job.State.READY, Job.State.SCHEDULED)).order_by()
+    return dict(
+        runnable.exclude(type__in=sorted(known))
+        .values_list("type")
+        .annotate(n=Count("pk"))
+        .order_by("type")
+    )
 
 
 def problems(stats: dict[str, Any], thresholds: Thresholds) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -261,6 +262,39 @@ def test_overview_page(admin_client: Client, scenario: Scenario) -> None:
     assert stats["expired_leases"] == 1
     assert (stats["workers_alive"], stats["workers_stale"]) == (1, 1)
     assert "Dead in the last hour" in response.content.decode()
+
+
+def test_overview_names_ready_jobs_no_live_worker_handles(admin_client: Client) -> None:
+    """A task no worker imports waits in ready (rolling deploys): the overview says so."""
+    Worker.objects.create(
+        id="w-live",
+        host="h",
+        pid=1,
+        concurrency=1,
+        started_at=timezone.now(),
+        heartbeat_at=timezone.now(),
+        expires_at=timezone.now() + dt.timedelta(hours=1),
+        handlers=["test.noop"],
+    )
+    JobFactory(type="test.noop", state="ready")
+    JobFactory(type="task:default:gone.func", state="ready")
+    JobFactory(type="task:default:gone.func", state="ready")
+    response = admin_client.get(url("queueoverview_changelist"))
+    stats = response.context["stats"]
+    assert [(r["type"], r["count"]) for r in stats["unhandled"]] == [("task:default:gone.func", 2)]
+    content = response.content.decode()
+    assert "Waiting for a handler" in content
+    assert "2 ready or scheduled job(s) of types no live worker has" in content, content
+    listed = admin_client.get(stats["unhandled"][0]["url"])
+    assert listed.status_code == 200
+    assert {job.type for job in listed.context["cl"].result_list} == {"task:default:gone.func"}
+
+
+def test_overview_lists_no_waiting_types_when_every_type_is_handled(admin_client: Client) -> None:
+    JobFactory(type="test.noop", state="ready")
+    response = admin_client.get(url("queueoverview_changelist"))
+    assert response.context["stats"]["unhandled"] == []
+    assert "Waiting for a handler" not in response.content.decode()
 
 
 # -- who may see what -----------------------------------------------------------------------

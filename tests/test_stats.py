@@ -246,4 +246,17 @@ def test_unknown_handlers_are_those_no_live_worker_has():
     call_command("jobqueue_stats", stdout=out)
     text = out.getvalue()
     assert "Ready jobs no live worker serves: reports (1)" in text, text
-    assert "Jobs with no handler registered here: test.noop (2)" in text, text
+    assert "2 ready or scheduled job(s) wait for a handler no live worker has: test.noop (2)" in (
+        text
+    ), text
+
+
+def test_jobs_no_code_here_handles_are_listed_when_no_worker_is_live():
+    """A task module no process imported leaves its jobs ready: the stats say so plainly."""
+    make("ready", type="task:default:gone.module.func")
+    make("ready", type="test.noop")  # registered in this process
+    assert stats_json()["unknown_handlers"] == {"task:default:gone.module.func": 1}
+    out = StringIO()
+    call_command("jobqueue_stats", stdout=out)
+    line = "1 ready or scheduled job(s) wait for a handler no code here registers: "
+    assert line + "task:default:gone.module.func (1)" in out.getvalue(), out.getvalue()

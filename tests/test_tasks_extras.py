@@ -452,3 +452,56 @@ def test_apps_recognise_our_backend_and_its_subclasses_only():
     ]:
         with override_settings(TASKS={"default": {"BACKEND": path}}):
             assert _uses_our_tasks_backend() is ours, path
+
+
+# -- the django_tasks backport ----------------------------------------------------------------
+
+
+@requires_tasks
+@pytest.mark.django_db
+def test_arguments_that_are_not_json_raise_a_type_error_as_django_documents():
+    with pytest.raises(TypeError, match="JSON-serializable") as raised:
+        tasks.echo.enqueue(object())
+    assert isinstance(raised.value, InvalidTask)
+    assert isinstance(raised.value, backends.InvalidTaskArguments)
+    assert not Job.objects.exists()
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
+def test_started_at_is_the_first_attempts_start_and_last_attempted_at_the_latest():
+    result = tasks.flaky.enqueue()
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    job = Job.objects.get(pk=result.id)
+    assert result.started_at == job.first_started_at
+    assert result.last_attempted_at == job.started_at
+    assert result.enqueued_at <= result.started_at < result.last_attempted_at
+    assert result.last_attempted_at <= result.finished_at
+    stored = task_backends["default"].get_result(result.id)
+    assert (stored.started_at, stored.last_attempted_at) == (
+        result.started_at,
+        result.last_attempted_at,
+    )
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
+def test_backport_tasks_run_through_our_backend_and_worker():
+    """The `django_tasks` backport reads the same TASKS setting: its @task builds our tasks."""
+    django_tasks = pytest.importorskip("django_tasks")  # CI installs it (the dev extra)
+    from tests.testapp import backport_tasks
+
+    assert isinstance(backport_tasks.shout, backends.JobQueueTask)
+    result = backport_tasks.shout.using(group="wagtail").enqueue("hello")
+    job = Job.objects.get(pk=result.id)
+    assert job.type == backends.task_key("default", backport_tasks.shout.module_path)
+    assert job.group_key == "wagtail"
+    context = backport_tasks.attempt_of.enqueue()
+    run_until_finished(result, context)
+    assert result.return_value == "HELLO" and context.return_value == 1
+    # The backport's names and handler see the same results.
+    assert result.status == django_tasks.TaskResultStatus.SUCCESSFUL
+    through_backport = django_tasks.task_backends["default"].get_result(result.id)
+    assert through_backport.return_value == "HELLO"
+    assert through_backport.status == django_tasks.TaskResultStatus.SUCCESSFUL

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
+from ..stats import unhandled
 from . import display
 from .base import JobPagesAdmin
 
@@ -49,7 +50,9 @@ def stats() -> dict[str, Any]:
         )
     oldest_id = jobs.filter(state=Job.State.READY).aggregate(oldest=Min("pk"))["oldest"]
     oldest = jobs.filter(pk=oldest_id).values_list("created_at", "run_after").first()
-    workers = Worker.objects.annotate(now=DbNow()).values_list("expires_at", "now")
+    workers = Worker.objects.annotate(now=DbNow()).values_list("expires_at", "now", "handlers")
+    live_handlers = [hs for expires, at, hs in workers if expires and expires > at]
+    waiting = unhandled(jobs, live_handlers if live_handlers else None)
     return {
         "now": now,
         "states": live_states,
@@ -69,8 +72,15 @@ def stats() -> dict[str, Any]:
         else None,
         "dead_last_hour": finished[1]["hour"],  # TERMINAL_STATES: done, dead, cancelled
         "expired_leases": jobs.expired().count(),
-        "workers_alive": sum(1 for expires, at in workers if expires and expires > at),
-        "workers_stale": sum(1 for expires, at in workers if not expires or expires <= at),
+        "workers_alive": len(live_handlers),
+        "workers_stale": len(workers) - len(live_handlers),
+        # Types no live worker handles wait in ready/scheduled (rolling deploys): name them.
+        "unhandled": [
+            {"type": t, "count": n, "url": _list(type=t, state=Job.State.READY)}
+            for t, n in waiting.items()
+        ],
+        "unhandled_total": sum(waiting.values()),
+        "unhandled_whom": "no live worker has" if live_handlers else "no code here registers",
     }
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, Expression, F, Field, QuerySet, TextField, Value, When
+from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 
 from ..claimed import CLAIM_FIELDS, ClaimedJob
@@ -106,6 +107,13 @@ class Dialect:
 
     def check_server(self) -> None:
         """Raise UnsupportedDatabaseError if this server cannot run the queue."""
+
+    def key_collation(self) -> str | None:
+        """Return the collation under which key columns compare exactly, or None for the default.
+
+        PostgreSQL's and SQLite's default comparisons are already exact (byte for byte).
+        """
+        return None
 
     def describe(self) -> str:
         """Return 'flavour version' of the server, for logs."""
@@ -408,6 +416,7 @@ class Dialect:
             self._sql_cache[key] = (
                 f"state = 'running', attempts = {prefix}attempts + 1, lease_owner = %s, "
                 f"lease_expires = {expires}, heartbeat_at = {now}, started_at = {now}, "
+                f"first_started_at = COALESCE({prefix}first_started_at, {now}), "
                 f"updated_at = {now}, "
                 f"worker_ids = {self.json_append_sql(prefix + 'worker_ids')}",
                 expires_params,
@@ -502,6 +511,7 @@ class Dialect:
             lease_expires=DbNow() + seconds(lease_ttl),
             heartbeat_at=DbNow(),
             started_at=DbNow(),
+            first_started_at=Coalesce(F("first_started_at"), DbNow()),
             updated_at=DbNow(),
             worker_ids=self.json_append("worker_ids", owner),
         )

@@ -131,8 +131,14 @@ def render(figures: dict[str, Any]) -> list[str]:
         lines.append(f"  {minute}  " + "  ".join(f"{s} {n}" for s, n in counts.items()))
     if figures["unserved_queues"]:
         lines.append("Ready jobs no live worker serves: " + _pairs(figures["unserved_queues"]))
-    if figures["unknown_handlers"]:
-        lines.append("Jobs with no handler registered here: " + _pairs(figures["unknown_handlers"]))
+    unknown = figures["unknown_handlers"]
+    if unknown:
+        # They wait, by design: a rolling deploy's newer release may define them.
+        whom = "no live worker has" if figures["workers"]["live"] else "no code here registers"
+        lines.append(
+            f"{sum(unknown.values())} ready or scheduled job(s) wait for a handler {whom}: "
+            + _pairs(unknown)
+        )
     lines.append("")
     if figures["problems"]:
         lines += ["UNHEALTHY:"] + [f"  - {p}" for p in figures["problems"]]

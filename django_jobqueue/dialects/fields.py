@@ -1,0 +1,51 @@
+"""Key columns that compare exactly on every database, and the migration operation for them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations, models
+
+
+def _key_collation(connection: Any) -> str | None:
+    from . import get_dialect
+
+    return get_dialect(connection.alias).key_collation()
+
+
+class KeyField(models.CharField):  # type: ignore[type-arg]
+    """A name or key (handler type, queue, group, unique key, worker id) compared exactly.
+
+    Exactly means as Python compares strings: case, accents and trailing spaces count. The
+    column gets the dialect's key collation (a binary one on MySQL/MariaDB, whose default
+    `*_ci` collations ignore all three) and the database's default where that is exact
+    already. A `db_collation` given explicitly wins.
+    """
+
+    def db_parameters(self, connection: Any) -> dict[str, Any]:
+        params = super().db_parameters(connection)
+        if self.db_collation is None:
+            params["collation"] = _key_collation(connection)
+        return params
+
+
+class AlterKeyField(migrations.AlterField):
+    """AlterField to a KeyField, touching the table only where the key collation differs.
+
+    Without this, SQLite would rebuild each table to change nothing in its schema.
+    """
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if _key_collation(schema_editor.connection) is not None:
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if _key_collation(schema_editor.connection) is not None:
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+
+    def describe(self) -> str:
+        return f"Compare {self.model_name}.{self.name} exactly (a binary collation on MySQL)"
