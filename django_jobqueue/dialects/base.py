@@ -15,7 +15,8 @@ import logging
 import operator
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
@@ -166,6 +167,16 @@ class Dialect:
 
     def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         """Set the session's lock wait bound (the dialect's own statements)."""
+
+    @contextmanager
+    def statement_timeout(self, timeout: float) -> Iterator[None]:
+        """Bound each statement run inside this block to `timeout` seconds, where the server can.
+
+        Used inside one of the worker's transactions: a statement that runs longer fails (it
+        is not retried), so the transaction holds its locks, and PostgreSQL's xmin horizon,
+        no longer than that. Here: no bound (SQLite's busy timeout bounds its lock waits).
+        """
+        yield
 
     def run_in_transaction(self, func: Callable[[], T], *, tries: int | None = None) -> T:
         """Run `func` in one write transaction, retrying it whole on transient lock errors.
