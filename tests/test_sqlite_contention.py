@@ -47,7 +47,11 @@ def test_producer_processes_enqueue_beside_two_workers_without_a_failure(start_w
     workers = [start_worker("--concurrency", "2") for _ in range(2)]
     for worker in workers:
         worker.wait_registered()
-    env = {**os.environ, "JOBQUEUE_TEST_SUBPROCESS": "1", "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env = {
+        **os.environ,
+        "JOBQUEUE_TEST_SUBPROCESS": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.enqueue_loop", str(each)],
