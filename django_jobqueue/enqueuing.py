@@ -201,7 +201,9 @@ def _write(
             with transaction.atomic(using=using):
                 job.save(using=using, force_insert=True)
         else:
-            job.save(using=using, force_insert=True)  # one INSERT in autocommit
+            # One INSERT in autocommit, retried when it hits lock contention (SQLite's write
+            # lock busy past the busy timeout): nothing was written then, so a retry is safe.
+            get_dialect(using).run_statement(lambda: job.save(using=using, force_insert=True))
     else:
 
         def txn() -> Job | None:

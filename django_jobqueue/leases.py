@@ -16,7 +16,7 @@ import functools
 import json
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
@@ -63,11 +63,49 @@ def _seconds(value: float) -> dt.timedelta:
 
 
 def current(leases: Iterable[Lease]) -> Q:
-    """Match the job rows of every lease in `leases` while it is current (empty Q: none)."""
+    """Match the job rows of every lease in `leases` while it is current (empty Q: none).
+
+    One OR term per lease: for a few leases only (SQLite refuses an expression of about a
+    thousand terms, and PostgreSQL plans it slowly); many leases go through `fences()`.
+    """
     condition = Q()
     for lease in leases:
         condition |= lease.q()
     return condition
+
+
+# Leases fenced by one statement: the transaction of each chunk holds a few hundred row locks
+# (or SQLite's write lock) for milliseconds, however many leases a worker holds. A chunk ORs
+# at most FENCE_TERMS (owner, generation) groups, far below SQLite's expression depth limit.
+FENCE_CHUNK = 500
+FENCE_TERMS = 32
+
+
+def fences(leases: Iterable[Lease], size: int = FENCE_CHUNK) -> Iterator[tuple[Q, int]]:
+    """Yield (condition, n): matches of the current rows of `leases`, n <= `size` leases each.
+
+    Leases of one owner and generation share a term (`pk IN ids AND lease_owner AND
+    attempts`): the generation fence of each lease holds, and the statement is an indexed
+    lookup by primary key whatever the number of leases (a list of at most `size`
+    parameters, below every database's limit).
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    for lease in leases:
+        groups.setdefault((lease.owner, lease.attempt), []).append(lease.job_id)
+    condition, count, terms = Q(), 0, 0
+    for (owner, attempt), ids in sorted(groups.items()):
+        ids.sort()
+        while ids:
+            if count == size or terms == FENCE_TERMS:
+                yield condition, count
+                condition, count, terms = Q(), 0, 0
+            piece, ids = ids[: size - count], ids[size - count :]
+            condition |= Q(
+                pk__in=piece, lease_owner=owner, attempts=attempt, state__in=Job.LEASED_STATES
+            )
+            count, terms = count + len(piece), terms + 1
+    if condition:
+        yield condition, count
 
 
 def claim(
@@ -166,6 +204,8 @@ def finish(
     """
     text = None if result is None else json.dumps(result)
     report = finish_many(dialect, lease.owner, [(lease.job_id, lease.attempt, text)])
+    if report.recorded:  # an earlier try's commit went through, its reply did not
+        return report.recorded[0][1]
     return report.finished[0].state if report.finished else None
 
 
@@ -249,33 +289,34 @@ def _held_elsewhere(dialect: Dialect, lease: Lease) -> bool:
 def release(dialect: Dialect, leases: Iterable[Lease]) -> int:
     """Hand leased jobs back to `ready` without charging the attempt (graceful shutdown).
 
-    A job whose cancellation was requested is not handed back: it ends `cancelled`.
+    A job whose cancellation was requested is not handed back: it ends `cancelled`. Many
+    leases are released in chunks, each its own short transaction (see `fences`).
     """
-    condition = current(leases)
-    if not condition:
-        return 0
+    released = 0
+    for condition, _ in fences(leases):
+        released += dialect.run_in_transaction(functools.partial(_release, dialect, condition))
+    return released
 
-    def txn() -> int:
-        jobs = Job.objects.using(dialect.using)
-        doomed = list(
-            dialect.lock_blocking(
-                jobs.filter(condition, cancel_requested=True).order_by("pk")
-            ).values_list("pk", "parent_id", "has_dependents")
-        )
-        for pk, parent_id, has_dependents in doomed:
-            jobs.filter(pk=pk).update(**workflows.terminal_values(Job.State.CANCELLED))
-            workflows.on_terminal(
-                dialect, pk, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
-            )
-        queues = set(jobs.filter(condition).values_list("queue", flat=True))
-        released = jobs.filter(condition).update(
-            state=Job.State.READY,
-            attempts=F("attempts") - 1,
-            lease_owner=None,
-            lease_expires=None,
-            updated_at=DbNow(),
-        )
-        workflows.notify_on_commit(dialect, queues)
-        return len(doomed) + released
 
-    return dialect.run_in_transaction(txn)
+def _release(dialect: Dialect, condition: Q) -> int:
+    jobs = Job.objects.using(dialect.using)
+    doomed = list(
+        dialect.lock_blocking(
+            jobs.filter(condition, cancel_requested=True).order_by("pk")
+        ).values_list("pk", "parent_id", "has_dependents")
+    )
+    for pk, parent_id, has_dependents in doomed:
+        jobs.filter(pk=pk).update(**workflows.terminal_values(Job.State.CANCELLED))
+        workflows.on_terminal(
+            dialect, pk, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
+        )
+    queues = set(jobs.filter(condition).values_list("queue", flat=True))
+    released = jobs.filter(condition).update(
+        state=Job.State.READY,
+        attempts=F("attempts") - 1,
+        lease_owner=None,
+        lease_expires=None,
+        updated_at=DbNow(),
+    )
+    workflows.notify_on_commit(dialect, queues)
+    return len(doomed) + released

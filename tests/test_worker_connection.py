@@ -7,7 +7,7 @@ from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
-from tests.conftest import poll, wait_for_job
+from tests.conftest import WorkerProcess, poll, wait_for_job
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -82,3 +82,22 @@ def test_worker_survives_losing_its_connections_twice_under_load(start_worker):
         assert done.state == Job.State.DONE, done.last_error
     assert worker.running()
     assert worker.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://postgres@127.0.0.1:1/jobqueue", "mysql://root@127.0.0.1:1/jobqueue"],
+    ids=["postgresql", "mysql"],
+)
+def test_worker_that_cannot_connect_at_start_exits_with_one_line(tmp_path, url):
+    """It used to exit with a traceback; now one line says why, and the exit is non-zero."""
+    worker = WorkerProcess([], tmp_path / "worker.log", env={"DATABASE_URL": url})
+    try:
+        code = worker.wait(timeout=120)
+        lines = [line for line in worker.output().splitlines() if line.strip()]
+    finally:
+        worker.close()
+    assert code != 0
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("CommandError: Cannot connect to database 'default': ")
+    assert "Traceback" not in lines[0]

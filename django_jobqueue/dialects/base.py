@@ -15,7 +15,8 @@ import logging
 import operator
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
@@ -77,6 +78,9 @@ class FinishReport:
     finished: list[Finished] = dataclasses.field(default_factory=list)
     busy: list[int] = dataclasses.field(default_factory=list)  # row locked elsewhere: try again
     lost: list[int] = dataclasses.field(default_factory=list)  # lease no longer ours
+    # (job id, state) finished by this very lease before: an earlier write of the batch was
+    # committed but its reply was lost. Recorded already, the graph has reacted already.
+    recorded: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 class Dialect:
@@ -174,6 +178,16 @@ class Dialect:
 
     def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         """Set the session's lock wait bound (the dialect's own statements)."""
+
+    @contextmanager
+    def statement_timeout(self, timeout: float) -> Iterator[None]:
+        """Bound each statement run inside this block to `timeout` seconds, where the server can.
+
+        Used inside one of the worker's transactions: a statement that runs longer fails (it
+        is not retried), so the transaction holds its locks, and PostgreSQL's xmin horizon,
+        no longer than that. Here: no bound (SQLite's busy timeout bounds its lock waits).
+        """
+        yield
 
     def run_in_transaction(self, func: Callable[[], T], *, tries: int | None = None) -> T:
         """Run `func` in one write transaction, retrying it whole on transient lock errors.
@@ -584,11 +598,46 @@ class Dialect:
             .filter(pk__in=missing, lease_owner=owner, state__in=Job.LEASED_STATES)
             .values_list("pk", "attempts")
         )
+        gone = []
         for job_id in missing:
             if self.has_select_for_update_skip_locked and still.get(job_id) == wanted[job_id]:
                 report.busy.append(job_id)
             else:
+                gone.append(job_id)
+        if not gone:
+            return
+        earlier = self.finished_by(owner, {job_id: wanted[job_id] for job_id in gone})
+        for job_id in gone:
+            if job_id in earlier:
+                report.recorded.append((job_id, earlier[job_id]))
+            else:
                 report.lost.append(job_id)
+
+    def finished_by(self, owner: str, wanted: dict[int, int]) -> dict[int, str]:
+        """Return {job id: state} of the jobs of `wanted` (id: attempt) that `owner`'s lease
+        of that attempt finished: `done`, or `cancelled` as a finish ends it.
+
+        A write whose COMMIT was sent but whose reply was lost (the connection dropped) is
+        retried, and then finds its own work done: that is not a lost lease. The claim of
+        an attempt is the last to append to `worker_ids` and bumps `attempts`; a reclaim of
+        that attempt records a lease error with its number; so a final row with this attempt,
+        this owner last, and no error of this attempt was finished by this lease.
+        """
+        from ..models import Job
+
+        rows = (
+            Job.objects.using(self.using)
+            .filter(pk__in=list(wanted), state__in=(Job.State.DONE, Job.State.CANCELLED))
+            .values_list("pk", "state", "attempts", "worker_ids", "last_error")
+        )
+        found = {}
+        for pk, state, attempts, worker_ids, last_error in rows:
+            if attempts != wanted[pk] or not worker_ids or worker_ids[-1] != owner:
+                continue
+            if isinstance(last_error, dict) and last_error.get("attempt") == attempts:
+                continue  # this attempt failed (reclaimed): not finished by the lease
+            found[pk] = str(state)
+        return found
 
 
 def _claim_fields(model: Any) -> list[Field[Any, Any]]:

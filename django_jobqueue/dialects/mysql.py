@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError
@@ -86,6 +88,25 @@ class MySQLDialect(Dialect):
                 cursor.execute(
                     f"SET SESSION idle_transaction_timeout = {max(1, round(idle_timeout))}"
                 )
+
+    @contextmanager
+    def statement_timeout(self, timeout: float) -> Iterator[None]:
+        # No per-transaction setting: the session's is set, then given back. MariaDB bounds
+        # every statement (max_statement_time, seconds); MySQL only SELECTs, the locking read
+        # included (max_execution_time, ms), and its UPDATE by primary key waits for locks
+        # no longer than innodb_lock_wait_timeout.
+        conn: Any = self.connection
+        if conn.mysql_is_mariadb:
+            name, value = "max_statement_time", f"{max(0.001, timeout):.3f}"
+        else:
+            name, value = "max_execution_time", str(max(1, int(timeout * 1000)))
+        with conn.cursor() as cursor:
+            cursor.execute(f"SET @jobqueue_prior = @@SESSION.{name}, SESSION {name} = {value}")
+        try:
+            yield
+        finally:
+            with conn.cursor() as cursor:
+                cursor.execute(f"SET SESSION {name} = @jobqueue_prior")
 
     def json_append(self, column: str, value: str) -> Expression:
         return Func(

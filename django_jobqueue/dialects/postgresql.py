@@ -4,7 +4,8 @@ statement per claim and per finished batch (UPDATE ... RETURNING), and LISTEN/NO
 from __future__ import annotations
 
 import select
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -61,6 +62,14 @@ class PostgreSQLDialect(Dialect):
                     "SET idle_in_transaction_session_timeout = "
                     f"'{max(1, int(idle_timeout * 1000))}ms'"
                 )
+
+    @contextmanager
+    def statement_timeout(self, timeout: float) -> Iterator[None]:
+        # SET LOCAL ends with the transaction: nothing leaks into the session (nor, through a
+        # transaction-mode pooler, into other clients' sessions).
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = '{max(1, int(timeout * 1000))}ms'")
+        yield
 
     # -- wake-up -----------------------------------------------------------------------------
 

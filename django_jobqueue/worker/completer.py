@@ -162,6 +162,9 @@ class Completer(Duty):
         by_id = {o.flight.lease.job_id: o for o in outcomes}
         for finished in report.finished:
             self._recorded(by_id[finished.job_id], finished.state)
+        for job_id, state in report.recorded:
+            logger.info("Job id=%s was recorded %s by an earlier write", job_id, state)
+            self._recorded(by_id[job_id], state)
         for job_id in report.lost:
             self._recorded(by_id[job_id], None)
         return [by_id[job_id] for job_id in report.busy]

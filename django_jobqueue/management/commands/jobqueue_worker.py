@@ -10,8 +10,10 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, InterfaceError
 from django.utils import autoreload
 
+from django_jobqueue import conf
 from django_jobqueue.exceptions import UnsupportedDatabaseError
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
@@ -141,6 +143,13 @@ class Command(BaseCommand):
             "(as runserver does). For development: a restart does not wait for running jobs.",
         )
 
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # The system checks, before handle(), connect to the database too.
+        try:
+            return super().execute(*args, **options)
+        except (DatabaseError, InterfaceError) as exc:
+            raise _cannot_connect(exc) from exc
+
     def handle(self, *args: Any, **options: Any) -> None:
         _ensure_logging(options["verbosity"])
         opts = WorkerOptions(
@@ -173,6 +182,8 @@ class Command(BaseCommand):
             return worker.run(install_signals=install_signals)
         except (ValueError, UnsupportedDatabaseError) as exc:
             raise CommandError(str(exc)) from exc
+        except (DatabaseError, InterfaceError) as exc:
+            raise _cannot_connect(exc) from exc
 
     def _run_reloaded(self, opts: WorkerOptions) -> None:
         code = self._run(JobWorker(opts), install_signals=False)
@@ -191,3 +202,12 @@ def _ensure_logging(verbosity: int) -> None:
     logger.setLevel(logging.WARNING if verbosity == 0 else logging.INFO)
     if verbosity >= 2:
         logger.setLevel(logging.DEBUG)
+
+
+def _cannot_connect(exc: BaseException) -> CommandError:
+    """The one-line error of a worker that cannot reach its database (down, refused, full).
+
+    No traceback, and a non-zero exit: a supervisor restarts the worker.
+    """
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return CommandError(f"Cannot connect to database {conf.get().database!r}: {reason}")

@@ -1,0 +1,122 @@
+"""A finish whose COMMIT went through but whose reply was lost is recorded, not "lost".
+
+A lost commit reply cannot be produced on demand against a real server, so these tests drive
+what follows it: the completer writes the same batch again, and finds the rows finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+import django_jobqueue as jobqueue
+from django_jobqueue import conf, leases, signals
+from django_jobqueue.dialects import get_dialect
+from django_jobqueue.execution import InFlight, Outcome
+from django_jobqueue.models import Job
+from django_jobqueue.worker.completer import Completer
+from django_jobqueue.worker.flights import Flights
+from django_jobqueue.worker.reclaimer import reclaim_expired
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TTL = 30.0
+
+
+@pytest.fixture
+def dialect():
+    return get_dialect("default")
+
+
+def claim_one(dialect, owner: str) -> leases.Lease:
+    [job] = leases.claim(dialect, owner=owner, queues=[], limit=1, lease_ttl=TTL)
+    return leases.Lease(job.pk, owner, job.attempts)
+
+
+def expire(dialect, job_id: int, *, runnable: bool = True) -> None:
+    Job.objects.filter(pk=job_id).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
+    reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    if runnable:
+        Job.objects.filter(pk=job_id).update(run_after=None, state=Job.State.READY)
+
+
+def test_a_batch_written_again_after_its_commit_finds_its_rows_recorded(dialect):
+    job = jobqueue.enqueue("test.noop")
+    lease = claim_one(dialect, "w1")
+    items = [(job.pk, lease.attempt, '"answer"')]
+    first = leases.finish_many(dialect, "w1", items)
+    assert [f.job_id for f in first.finished] == [job.pk]
+    again = leases.finish_many(dialect, "w1", items)  # the completer's retry
+    assert again.lost == []
+    assert again.recorded == [(job.pk, "done")]
+    assert again.finished == []  # the graph reacted in the first commit, not again
+    assert leases.finish(dialect, lease, "answer") == "done"
+
+
+def test_a_cancelled_finish_written_again_is_recorded_cancelled(dialect):
+    job = jobqueue.enqueue("test.noop")
+    lease = claim_one(dialect, "w1")
+    jobqueue.cancel(job.pk)
+    assert leases.finish(dialect, lease, None) == "cancelled"
+    assert dialect.finished_by("w1", {job.pk: lease.attempt}) == {job.pk: "cancelled"}
+
+
+def test_a_row_reclaimed_and_finished_by_another_worker_is_lost(dialect):
+    job = jobqueue.enqueue("test.noop", max_attempts=3)
+    old = claim_one(dialect, "w1")
+    expire(dialect, job.pk)
+    new = claim_one(dialect, "w2")
+    assert leases.finish(dialect, new, "theirs") == "done"
+    report = leases.finish_many(dialect, "w1", [(job.pk, old.attempt, None)])
+    assert report.lost == [job.pk]
+    assert report.recorded == []
+    assert dialect.finished_by("w1", {job.pk: old.attempt}) == {}
+
+
+def test_a_row_reclaimed_and_finished_by_the_same_owner_again_is_lost(dialect):
+    job = jobqueue.enqueue("test.noop", max_attempts=3)
+    old = claim_one(dialect, "w1")
+    expire(dialect, job.pk)
+    new = claim_one(dialect, "w1")
+    assert leases.finish(dialect, new, "later") == "done"
+    assert leases.finish_many(dialect, "w1", [(job.pk, old.attempt, None)]).lost == [job.pk]
+
+
+def test_a_row_that_died_or_was_cancelled_on_reclaim_is_lost(dialect):
+    dead = jobqueue.enqueue("test.noop", max_attempts=1)
+    lease = claim_one(dialect, "w1")
+    expire(dialect, dead.pk, runnable=False)
+    assert Job.objects.get(pk=dead.pk).state == Job.State.DEAD
+    cancelled = jobqueue.enqueue("test.noop", max_attempts=3)
+    other = claim_one(dialect, "w1")
+    jobqueue.cancel(cancelled.pk)
+    expire(dialect, cancelled.pk, runnable=False)
+    assert Job.objects.get(pk=cancelled.pk).state == Job.State.CANCELLED
+    wanted = {dead.pk: lease.attempt, cancelled.pk: other.attempt}
+    assert dialect.finished_by("w1", wanted) == {}
+
+
+def test_the_completer_sends_job_finished_for_a_row_its_earlier_write_finished(dialect):
+    job = jobqueue.enqueue("test.noop")
+    lease = claim_one(dialect, "w1")
+    [row] = Job.objects.filter(pk=job.pk)
+    flights = Flights()
+    flight = InFlight(job=row, lease=lease, claimed=0.0)
+    flights.add(flight)
+    completer = Completer(dialect, conf=conf.get(), owner="w1", flights=flights, lock_timeout=5.0)
+    assert leases.finish(dialect, lease, 7) == "done"  # committed; the reply was "lost"
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append((kwargs["job_id"], kwargs["state"], kwargs["result"]))
+
+    signals.job_finished.connect(receiver)
+    try:
+        assert completer._finish([Outcome(flight, result=7, text="7")]) == []
+    finally:
+        signals.job_finished.disconnect(receiver)
+    assert seen == [(job.pk, "done", 7)]
+    assert flight.recorded
+    assert len(flights) == 0
