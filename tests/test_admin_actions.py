@@ -100,12 +100,32 @@ def test_release_of_a_job_whose_cancel_was_requested_cancels_it(
     assert state(scenario.stuck) == "cancelled"
 
 
-def test_release_when_the_live_owner_lost_track_of_the_job(
+def test_release_is_refused_for_a_live_owner_whatever_its_job_ids_say(
+    operator: Client, scenario: Scenario
+) -> None:
+    """A job claimed since the worker's last heartbeat is missing from its job_ids: still its."""
+    Worker.objects.filter(pk=scenario.live_worker.pk).update(job_ids=[])
+    _, [text] = run_action(operator, "livelease", "release_leases", [scenario.running.pk])
+    assert state(scenario.running) == "running"
+    assert scenario.running.lease_owner == scenario.live_worker.pk
+    assert text.startswith("Released 0 jobs")
+    assert f"held by live worker {scenario.live_worker.pk}" in text
+    assert "never released" in text and "cancel the job instead" in text
+
+
+def test_job_page_offers_release_only_when_the_worker_is_gone(
     operator: Client, scenario: Scenario
 ) -> None:
     Worker.objects.filter(pk=scenario.live_worker.pk).update(job_ids=[])
-    run_action(operator, "livelease", "release_leases", [scenario.running.pk])
-    assert state(scenario.running) == "ready"
+    live = operator.get(url("job_change", scenario.running.pk)).content.decode()
+    assert 'value="cancel_jobs"' in live and 'value="release_leases"' not in live
+    assert "Release lease is not offered: its worker is alive" in live
+    stuck = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="cancel_jobs"' in stuck and 'value="release_leases"' in stuck
+    assert "Its worker is gone" in stuck
+    Worker.objects.filter(pk=scenario.stale_worker.pk).delete()
+    orphan = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="release_leases"' in orphan and "(worker gone)" in orphan
 
 
 def test_delete_finished_jobs_keeps_what_is_needed(scenario: Scenario) -> None:
@@ -219,7 +239,9 @@ def test_job_page_buttons_run_the_action_and_come_back(
     page = operator.get(url("job_change", scenario.dead.pk)).content.decode()
     assert 'value="retry_jobs"' in page and 'value="cancel_jobs"' not in page
     running = operator.get(url("job_change", scenario.running.pk)).content.decode()
-    assert 'value="cancel_jobs"' in running and 'value="release_leases"' in running
+    assert 'value="cancel_jobs"' in running and 'value="release_leases"' not in running
+    stuck = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="release_leases"' in stuck
     done = operator.get(url("job_change", scenario.done.pk)).content.decode()
     assert "jq-job-action" not in done
     data = {"action": "retry_jobs", "_selected_action": [str(scenario.dead.pk)], "_job_page": "1"}

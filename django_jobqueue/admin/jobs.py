@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from .. import repair
 from ..models import Job, JobDependency, Worker
 from . import display, filters, graph
 from .actions import cancel_jobs, delete_finished_jobs, release_leases, retry_jobs
@@ -224,12 +225,24 @@ class JobAdmin(JobPagesAdmin):
             owner = format_html(
                 '<a href="{}">{}</a> (host {}, pid {})', url, worker.pk, worker.host, worker.pid
             )
+        if repair.owner_alive(job.lease_owner):
+            release = (
+                "Release lease is not offered: its worker is alive (its heartbeat is current), "
+                "and a released job would run twice. Cancel the job instead."
+            )
+        else:
+            release = (
+                "Its worker is gone (no heartbeat for a whole lease TTL): Release lease hands "
+                "the job back to the queue."
+            )
         return format_html(
-            "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago",
+            "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago"
+            '<br><span class="jq-release">{}</span>',
             owner,
             display.when(job.lease_expires),
             _expiry(job),
             display.age(job.heartbeat_at),
+            release,
         )
 
     @admin.display(description="errors by attempt")
@@ -256,6 +269,8 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state in (Job.State.DEAD, Job.State.CANCELLED) and not job.is_container:
         return [("retry_jobs", "Retry")]
     if job.state in Job.LEASED_STATES:
+        if repair.owner_alive(job.lease_owner):  # releasing would run the job twice
+            return [("cancel_jobs", "Cancel")]
         return [("cancel_jobs", "Cancel"), ("release_leases", "Release lease")]
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
