@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -160,6 +162,9 @@ class JobAdmin(JobPagesAdmin):
                 display.job_link(job.cancelled_by_id, state.first()),
             )
         if job.state == Job.State.CANCELLED and job.cancel_requested:
+            who = operator_cancel(job)
+            if who:
+                return f"cancelled by operator {who}"
             return "cancelled by an operator or by code (cancel(), or its container's)"
         if job.cancel_requested:
             return "cancellation requested: the running handler is asked to stop"
@@ -275,6 +280,24 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
     return []
+
+
+def operator_cancel(job: Job) -> str:
+    """Who cancelled `job` from the admin and when, from its latest "Cancelled" LogEntry."""
+    entry = (
+        LogEntry.objects.filter(
+            content_type=ContentType.objects.get_for_model(Job),
+            object_id=str(job.pk),
+            action_flag=CHANGE,
+            change_message__startswith="Cancelled",
+        )
+        .select_related("user")
+        .order_by("-action_time")
+        .first()
+    )
+    if entry is None:
+        return ""
+    return f"{entry.user.get_username()} at {display.when(entry.action_time)}"
 
 
 def in_workflow(job: Job) -> bool:
