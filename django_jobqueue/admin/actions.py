@@ -50,7 +50,7 @@ class JobActionForm(ActionForm):
         label=_("Extra attempts (retry):"),
         required=False,
         initial="1",
-        widget=forms.NumberInput(attrs={"min": 1, "max": 100, "style": "width:4em"}),
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100, "class": "jq-extra-attempts"}),
     )
 
 

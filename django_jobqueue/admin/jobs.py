@@ -115,8 +115,9 @@ class JobAdmin(JobPagesAdmin):
         """Run an action; from a job page's button, come back to that job's page."""
         response = super().response_action(request, *args, **kwargs)
         picked = request.POST.getlist("_selected_action")
-        if request.POST.get("_job_page") and len(picked) == 1 and picked[0].isdigit():
-            return redirect(display.job_url(int(picked[0])))
+        pk = filters.parse_id(picked[0]) if len(picked) == 1 else None
+        if request.POST.get("_job_page") and pk is not None:
+            return redirect(display.job_url(pk))
         return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -144,11 +145,13 @@ class JobAdmin(JobPagesAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if not filters.searchable(term):
+            return queryset.none(), False
         # Unordered: with ORDER BY id, SQLite walks the primary key instead of the key's index.
         keyed = list(Job.objects.filter(unique_key=term).values_list("pk", flat=True)[:100])
-        number = term.lstrip("#")
-        if number.isdigit():
-            return queryset.filter(pk__in=[int(number), *keyed]), False
+        number = filters.parse_id(term.lstrip("#"))
+        if number is not None:
+            return queryset.filter(pk__in=[number, *keyed]), False
         if keyed:
             return queryset.filter(pk__in=keyed), False
         return queryset.filter(type=term), False
@@ -222,9 +225,7 @@ class JobAdmin(JobPagesAdmin):
             return "no lease (the job is not held by a worker)"
         worker = Worker.objects.filter(pk=job.lease_owner).first()
         if worker is None:
-            owner = format_html(
-                "{} <span style='{}'>(worker gone)</span>", job.lease_owner, display.WARN
-            )
+            owner = format_html("{} {}", job.lease_owner, display.warn("(worker gone)"))
         else:
             url = reverse("admin:django_jobqueue_worker_change", args=[worker.pk])
             owner = format_html(
@@ -314,4 +315,4 @@ def _expiry(job: Job) -> SafeString:
     left = display.age(job.lease_expires)
     if left.startswith("in "):
         return format_html("{}", left)
-    return format_html("<span style='{}'>EXPIRED {} ago</span>", display.WARN, left)
+    return display.warn(f"EXPIRED {left} ago")
