@@ -15,15 +15,24 @@ from .exceptions import InvalidJobError
 from .models import Job, JobDependency, Worker
 
 
+def owner_alive(owner: str | None, using: str | None = None) -> bool:
+    """Whether worker `owner` has a row that has not expired (its heartbeat is current)."""
+    if owner is None:
+        return False
+    workers = Worker.objects.using(using or conf.get().database)
+    return workers.filter(pk=owner, expires_at__gt=DbNow()).exists()
+
+
 def release_lease(job: Job | int) -> str:
     """Hand a stuck lease back: the job becomes `ready` (`cancelled` if that was requested).
 
-    A lease is stuck when its owner's worker row is gone or expired, or when that worker no
-    longer lists the job. A live worker that lists the job keeps it (cancel the job instead):
-    raises InvalidJobError then, and for a job that holds no lease. The attempt stays counted;
-    the job gets room for one more. Every write matches the lease read under the row lock
-    (owner and attempt), so a worker finishing the job at the same moment wins or loses whole.
-    Returns the job's new state.
+    A lease is stuck when its owner's worker row is gone or expired. A live worker keeps its
+    leases whatever its row's `job_ids` say: the heartbeat writes them only once per
+    HEARTBEAT_INTERVAL, so a job claimed since is missing there while the worker runs it.
+    Raises InvalidJobError for a live owner (cancel the job instead) and for a job that holds
+    no lease. The attempt stays counted; the job gets room for one more. Every write matches
+    the lease read under the row lock (owner and attempt), so a worker finishing the job at
+    the same moment wins or loses whole. Returns the job's new state.
     """
     dialect = get_dialect(conf.get().database)
     pk = _pk(job)
@@ -40,15 +49,11 @@ def release_lease(job: Job | int) -> str:
         state, owner, attempts, cancel, parent_id = row
         if state not in Job.LEASED_STATES:
             raise InvalidJobError(f"Job {pk} is {state}; it holds no lease.")
-        held = (
-            Worker.objects.using(dialect.using)
-            .filter(pk=owner, expires_at__gt=DbNow())
-            .values_list("job_ids", flat=True)
-            .first()
-        )
-        if held is not None and pk in held:
+        if owner_alive(owner, dialect.using):
             raise InvalidJobError(
-                f"Job {pk} is held by live worker {owner}; cancel the job instead."
+                f"Job {pk} is held by live worker {owner} (its heartbeat is current): a live "
+                "worker's lease is never released, as the job would run twice; cancel the "
+                "job instead."
             )
         lease = jobs.filter(pk=pk, lease_owner=owner, attempts=attempts, state=state)
         if cancel:

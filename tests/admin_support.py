@@ -186,6 +186,19 @@ def build() -> Scenario:
     )
 
 
+def every_page(s: Scenario) -> list[str]:
+    """Every admin page of the app, with real rows behind it."""
+    return [
+        url("job_changelist"),
+        *[url("job_change", job.pk) for job in s.jobs()],
+        url("livelease_changelist"),
+        url("deadjob_changelist"),
+        url("worker_changelist"),
+        url("worker_change", s.live_worker.pk),
+        url("queueoverview_changelist"),
+    ]
+
+
 def make_user(name: str, *perms: str, staff: bool = True) -> User:
     """A staff user holding `perms` (codenames of django_jobqueue permissions)."""
     user = User.objects.create_user(name, password=PASSWORD, is_staff=staff)
@@ -222,3 +235,8 @@ def csrf_token(client: Client, path: str) -> str:
     found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
     assert found, "no CSRF token on the page"
     return found.group(1)
+
+
+def hrefs(html: str) -> list[str]:
+    """The targets of the links on a page, as written in its HTML."""
+    return re.findall(r'href="([^"]+)"', html)

@@ -23,7 +23,7 @@ from django_jobqueue.admin import (
 from django_jobqueue.admin.graph import BOUND
 from django_jobqueue.models import DeadJob, Job, JobDependency, LiveLease, QueueOverview, Worker
 from tests import admin_support as support
-from tests.admin_support import Scenario, url
+from tests.admin_support import Scenario, every_page, url
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -38,19 +38,6 @@ def fast_password_hashing(settings: Any) -> None:
 @pytest.fixture
 def scenario() -> Scenario:
     return support.build()
-
-
-def every_page(s: Scenario) -> list[str]:
-    """Every admin page of the app, with real rows behind it."""
-    return [
-        url("job_changelist"),
-        *[url("job_change", job.pk) for job in s.jobs()],
-        url("livelease_changelist"),
-        url("deadjob_changelist"),
-        url("worker_changelist"),
-        url("worker_change", s.live_worker.pk),
-        url("queueoverview_changelist"),
-    ]
 
 
 def test_pages_are_registered() -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 from django.utils import timezone
 
@@ -100,12 +103,32 @@ def test_release_of_a_job_whose_cancel_was_requested_cancels_it(
     assert state(scenario.stuck) == "cancelled"
 
 
-def test_release_when_the_live_owner_lost_track_of_the_job(
+def test_release_is_refused_for_a_live_owner_whatever_its_job_ids_say(
+    operator: Client, scenario: Scenario
+) -> None:
+    """A job claimed since the worker's last heartbeat is missing from its job_ids: still its."""
+    Worker.objects.filter(pk=scenario.live_worker.pk).update(job_ids=[])
+    _, [text] = run_action(operator, "livelease", "release_leases", [scenario.running.pk])
+    assert state(scenario.running) == "running"
+    assert scenario.running.lease_owner == scenario.live_worker.pk
+    assert text.startswith("Released 0 jobs")
+    assert f"held by live worker {scenario.live_worker.pk}" in text
+    assert "never released" in text and "cancel the job instead" in text
+
+
+def test_job_page_offers_release_only_when_the_worker_is_gone(
     operator: Client, scenario: Scenario
 ) -> None:
     Worker.objects.filter(pk=scenario.live_worker.pk).update(job_ids=[])
-    run_action(operator, "livelease", "release_leases", [scenario.running.pk])
-    assert state(scenario.running) == "ready"
+    live = operator.get(url("job_change", scenario.running.pk)).content.decode()
+    assert 'value="cancel_jobs"' in live and 'value="release_leases"' not in live
+    assert "Release lease is not offered: its worker is alive" in live
+    stuck = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="cancel_jobs"' in stuck and 'value="release_leases"' in stuck
+    assert "Its worker is gone" in stuck
+    Worker.objects.filter(pk=scenario.stale_worker.pk).delete()
+    orphan = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="release_leases"' in orphan and "(worker gone)" in orphan
 
 
 def test_delete_finished_jobs_keeps_what_is_needed(scenario: Scenario) -> None:
@@ -219,7 +242,9 @@ def test_job_page_buttons_run_the_action_and_come_back(
     page = operator.get(url("job_change", scenario.dead.pk)).content.decode()
     assert 'value="retry_jobs"' in page and 'value="cancel_jobs"' not in page
     running = operator.get(url("job_change", scenario.running.pk)).content.decode()
-    assert 'value="cancel_jobs"' in running and 'value="release_leases"' in running
+    assert 'value="cancel_jobs"' in running and 'value="release_leases"' not in running
+    stuck = operator.get(url("job_change", scenario.stuck.pk)).content.decode()
+    assert 'value="release_leases"' in stuck
     done = operator.get(url("job_change", scenario.done.pk)).content.decode()
     assert "jq-job-action" not in done
     data = {"action": "retry_jobs", "_selected_action": [str(scenario.dead.pk)], "_job_page": "1"}
@@ -236,3 +261,55 @@ def test_job_page_offers_viewers_no_buttons(scenario: Scenario) -> None:
     data = {"action": "retry_jobs", "_selected_action": [str(scenario.dead.pk)], "_job_page": "1"}
     client.post(url("job_changelist"), data)
     assert state(scenario.dead) == "dead"
+
+
+# -- the trace each action leaves ------------------------------------------------------------
+
+
+def entries(job: Job) -> list[tuple[str, int, str]]:
+    """(user, action flag, message) of the LogEntry rows of `job`, oldest first."""
+    rows = LogEntry.objects.filter(
+        content_type=ContentType.objects.get_for_model(Job), object_id=str(job.pk)
+    ).order_by("pk")
+    return [(e.user.username, e.action_flag, e.get_change_message()) for e in rows]
+
+
+def test_each_action_writes_a_log_entry_per_job_and_an_info_line(
+    scenario: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = support.login(support.make_user("ops", "view_job", "change_job", "delete_job"))
+    caplog.set_level(logging.INFO, logger="django_jobqueue.admin.actions")
+    run_action(client, "deadjob", "retry_jobs", [scenario.dead.pk], extra_attempts="2")
+    run_action(client, "job", "cancel_jobs", [scenario.ready.pk, scenario.running.pk])
+    run_action(client, "livelease", "release_leases", [scenario.stuck.pk, scenario.running.pk])
+    run_action(client, "job", "delete_finished_jobs", [scenario.done.pk, scenario.running.pk])
+    assert entries(scenario.dead) == [("ops", CHANGE, "Retried (+2 attempts): ready")]
+    assert entries(scenario.running) == [("ops", CHANGE, "Cancelled: cancel requested")]
+    assert entries(scenario.stuck) == [("ops", CHANGE, "Released lease: ready")]
+    assert entries(scenario.done) == [("ops", DELETION, "")]
+    assert entries(scenario.ready) == [("ops", CHANGE, "Cancelled: cancelled")]
+    assert LogEntry.objects.count() == 5
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines == [
+        f"Admin user ops retried (+2 attempts) 1 jobs ids=[{scenario.dead.pk}] (0 skipped)",
+        f"Admin user ops cancelled 2 jobs ids=[{scenario.ready.pk},{scenario.running.pk}]"
+        " (0 skipped)",
+        f"Admin user ops released lease 1 jobs ids=[{scenario.stuck.pk}] (1 skipped)",
+        f"Admin user ops deleted 1 jobs ids=[{scenario.done.pk}] (1 kept)",  # running: kept
+    ]
+    history = client.get(url("job_history", scenario.dead.pk)).content.decode()
+    assert "Retried (+2 attempts): ready" in history and "ops" in history
+    page = client.get(url("job_change", scenario.ready.pk)).content.decode()
+    assert "cancelled by operator ops at " in page
+
+
+def test_the_log_line_of_a_large_batch_is_bounded(
+    operator: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = JobFactory.create_batch(25)
+    caplog.set_level(logging.INFO, logger="django_jobqueue.admin.actions")
+    run_action(operator, "job", "cancel_jobs", [job.pk for job in jobs])
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    shown = ",".join(str(job.pk) for job in jobs[: actions.SHOWN_SKIPS])
+    assert line == f"Admin user operator cancelled 25 jobs ids=[{shown} and 15 more] (0 skipped)"
+    assert LogEntry.objects.filter(action_flag=CHANGE).count() == 25

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, Worker
+from tests import admin_support as support
 from tests.admin_support import url
 from tests.conftest import poll, wait_for_job
 from tests.workflow_support import FAST
@@ -241,3 +242,40 @@ def test_the_browser_is_there_in_ci() -> None:
         pytest.skip("only CI insists on the browser")
     assert Path(CHROMIUM).exists() or shutil.which("chromium")
     import playwright  # noqa: F401
+
+
+def test_state_colours_and_warnings_apply_under_a_strict_csp(
+    browser: Any, live_server: Any
+) -> None:
+    """With style-src 'self' the browser refuses inline styles: the stylesheet still colours."""
+    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    scenario = support.build()
+    page = browser.new_page()
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security" in m.text else None)
+
+    def strict(route: Any) -> None:
+        response = route.fetch()
+        headers = {**response.headers, "content-security-policy": "style-src 'self'"}
+        route.fulfill(response=response, headers=headers)
+
+    page.route("**/admin/**", strict)
+    base = live_server.url
+    page.goto(f"{base}/admin/login/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#content-main")
+
+    def computed(selector: str, prop: str) -> str:
+        return str(page.locator(selector).first.evaluate(f"e => getComputedStyle(e).{prop}"))
+
+    page.goto(base + url("job_change", scenario.dead.pk))
+    assert computed(".jq-state-dead", "backgroundColor") == "rgb(183, 28, 28)"
+    page.goto(base + url("livelease_changelist"))
+    assert computed(".jq-state-running", "backgroundColor") == "rgb(230, 81, 0)"
+    assert computed(".jq-warn", "color") == "rgb(183, 28, 28)"
+    page.goto(base + url("job_change", scenario.stuck.pk))
+    assert computed(".jq-job-action button", "textTransform") == "uppercase"
+    page.close()
+    assert refused == []

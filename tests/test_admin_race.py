@@ -77,3 +77,27 @@ def test_retry_from_the_admin_runs_the_job_again(admin_client: Client, start_wor
     assert row.attempts == 2 and row.result == "ok on attempt 2"
     assert worker.stop() == 0
     assert_clean_log(worker.output())
+
+
+def test_release_refuses_a_job_its_live_worker_claimed_after_its_last_heartbeat(
+    admin_client: Client, start_worker: Any
+) -> None:
+    """The worker's row does not list the job yet (it beats every 300 s): the job stays its."""
+    worker = start_worker("--concurrency", "2", "--heartbeat-interval", "300", "--lease-ttl", "600")
+    row = worker.wait_registered()
+    job = jobqueue.enqueue("wf.until_cancelled", {"limit": 120})
+    wait_for_job(job.pk, Job.State.RUNNING)
+    row.refresh_from_db()
+    assert job.pk not in row.job_ids  # claimed after its last heartbeat
+    _, [text] = run_action(admin_client, "livelease", "release_leases", [job.pk])
+    assert text.startswith("Released 0 jobs") and f"held by live worker {row.pk}" in text
+    held = Job.objects.get(pk=job.pk)
+    assert (held.state, held.lease_owner, held.attempts) == ("running", row.pk, 1)
+    page = admin_client.get(url("job_change", job.pk)).content.decode()
+    assert 'value="release_leases"' not in page and 'value="cancel_jobs"' in page
+    run_action(admin_client, "livelease", "cancel_jobs", [job.pk])
+    done = wait_for_job(job.pk, *Job.TERMINAL_STATES)
+    assert (done.state, done.attempts) == ("cancelled", 1)
+    assert RunRecord.objects.filter(job_id=job.pk).count() == 1  # it ran once
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())

@@ -8,6 +8,7 @@ ACTION_LIMIT jobs are handled per run, so "select all" over a million rows stays
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,12 @@ from .. import control, repair
 from ..exceptions import JobQueueError
 from ..models import Job
 
+logger = logging.getLogger(__name__)
+
 ACTION_LIMIT = 1000
 SHOWN_SKIPS = 10
+# The job fields a LogEntry needs (its object_repr is str(job)): never the JSON columns.
+LOGGED_FIELDS = ("pk", "type", "state")
 
 
 class ExtraAttemptsForm(forms.Form):
@@ -45,7 +50,7 @@ class JobActionForm(ActionForm):
         label=_("Extra attempts (retry):"),
         required=False,
         initial="1",
-        widget=forms.NumberInput(attrs={"min": 1, "max": 100, "style": "width:4em"}),
+        widget=forms.NumberInput(attrs={"min": 1, "max": 100, "class": "jq-extra-attempts"}),
     )
 
 
@@ -78,10 +83,10 @@ def report(
 
 def _each(
     queryset: QuerySet[Any], operate: Callable[[int], str | None]
-) -> tuple[list[str], dict[int, str], int]:
+) -> tuple[dict[int, str], dict[int, str], int]:
     """Apply `operate` to each selected id: a string is a change, None or an error a skip."""
     ids, left = _ids(queryset)
-    changed: list[str] = []
+    changed: dict[int, str] = {}
     skipped: dict[int, str] = {}
     for pk in ids:
         try:
@@ -92,8 +97,41 @@ def _each(
         if outcome is None:
             skipped[pk] = "it has already finished"
         else:
-            changed.append(outcome)
+            changed[pk] = outcome
     return changed, skipped, left
+
+
+def shown_ids(ids: list[int]) -> str:
+    """The first SHOWN_SKIPS of `ids` for a log line, and how many more there are."""
+    text = ",".join(str(pk) for pk in ids[:SHOWN_SKIPS])
+    return f"{text} and {len(ids) - SHOWN_SKIPS} more" if len(ids) > SHOWN_SKIPS else text
+
+
+def record(
+    modeladmin: Any,
+    request: HttpRequest,
+    verb: str,
+    changed: dict[int, str],
+    skipped: int,
+    detail: str = "",
+) -> None:
+    """Write a LogEntry per changed job (its History) and one INFO line naming the operator.
+
+    The entries are written for Job itself, not for the proxy whose page ran the action, so
+    the job's own page lists them whichever list the operator acted from.
+    """
+    jobs = Job.objects.filter(pk__in=list(changed)).only(*LOGGED_FIELDS).order_by("pk")
+    for job in jobs:
+        modeladmin.log_change(request, job, f"{verb}{detail}: {changed[job.pk]}")
+    logger.info(
+        "Admin user %s %s%s %s jobs ids=[%s] (%s skipped)",
+        request.user.get_username(),
+        verb.lower(),
+        detail,
+        len(changed),
+        shown_ids(sorted(changed)),
+        skipped,
+    )
 
 
 @admin.action(permissions=["change"], description=_("Retry selected dead or cancelled jobs"))
@@ -106,10 +144,12 @@ def retry_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -
     extra = form.cleaned_data["extra_attempts"] or 1
 
     def operate(pk: int) -> str:
-        job = control.retry(pk, extra_attempts=extra)
-        return f"#{pk} {job.state}"
+        return str(control.retry(pk, extra_attempts=extra).state)
 
-    report(request, "Retried", *_each(queryset, operate))
+    changed, skipped, left = _each(queryset, operate)
+    budget = f" (+{extra} attempt{'s' if extra != 1 else ''})"
+    record(modeladmin, request, "Retried", changed, len(skipped), budget)
+    report(request, "Retried", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
 
 
 @admin.action(permissions=["change"], description=_("Cancel selected unfinished jobs"))
@@ -120,24 +160,34 @@ def cancel_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) 
         if not control.cancel(pk):
             return None
         state = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
-        return f"#{pk} {'cancel requested' if state in Job.LEASED_STATES else state}"
+        return "cancel requested" if state in Job.LEASED_STATES else str(state)
 
-    report(request, "Cancelled", *_each(queryset, operate))
+    changed, skipped, left = _each(queryset, operate)
+    record(modeladmin, request, "Cancelled", changed, len(skipped))
+    report(request, "Cancelled", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
 
 
 @admin.action(permissions=["change"], description=_("Release selected stuck leases"))
 def release_leases(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Hand leases that no live worker holds back to `ready`."""
-    report(
-        request,
-        "Released",
-        *_each(queryset, lambda pk: f"#{pk} {repair.release_lease(pk)}"),
-    )
+    """Hand leases whose worker is gone back to `ready`."""
+    changed, skipped, left = _each(queryset, repair.release_lease)
+    record(modeladmin, request, "Released lease", changed, len(skipped))
+    report(request, "Released", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
 
 
 @admin.action(permissions=["delete_finished"], description=_("Delete selected finished jobs"))
 def delete_finished_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     """Delete finished jobs that no unfinished job still needs."""
     ids, left = _ids(queryset)
+    # Read before the delete, as Django's own delete action does: a LogEntry names its row.
+    before = {job.pk: job for job in Job.objects.filter(pk__in=ids).only(*LOGGED_FIELDS)}
     deleted, kept = repair.delete_finished(ids)
+    modeladmin.log_deletions(request, [before[pk] for pk in deleted if pk in before])
+    logger.info(
+        "Admin user %s deleted %s jobs ids=[%s] (%s kept)",
+        request.user.get_username(),
+        len(deleted),
+        shown_ids(sorted(deleted)),
+        len(kept),
+    )
     report(request, "Deleted", [f"#{pk}" for pk in deleted], kept, left)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
@@ -13,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import Job
-from . import display
+from . import display, filters
 from .actions import JobActionForm
 from .paging import capped_paginator
 
@@ -21,7 +22,38 @@ from .paging import capped_paginator
 JSON_COLUMNS = ("args", "result", "errors", "worker_ids", "last_error")
 
 
-class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class OwnFiltersAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A list that accepts from the URL only the parameters of its own list filters.
+
+    Django's default lets any staff user filter by any column with any lookup: a regular
+    expression over the arguments (which can freeze an SQLite-backed site), a text scan of
+    every error. Every filter here is a SimpleListFilter (choices without a scan), and the
+    links the admin draws (?state=, ?queue=, ?container=, ?worker=, ...) are its parameters;
+    search (?q=), paging and ordering are not lookups and stay as they are.
+    """
+
+    class Media:
+        css = {"all": [display.STYLESHEET]}  # classes, not inline styles: a strict CSP allows them
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        return lookup in filter_parameters(self.get_list_filter(request))
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        if not filters.searchable(object_id):  # PostgreSQL refuses NUL in any parameter
+            return None
+        return super().get_object(request, object_id, from_field)
+
+
+def filter_parameters(list_filter: Any) -> set[str]:
+    """The URL parameters of the SimpleListFilter classes in `list_filter`."""
+    return {
+        str(entry.parameter_name)
+        for entry in list_filter
+        if isinstance(entry, type) and issubclass(entry, admin.SimpleListFilter)
+    }
+
+
+class JobPagesAdmin(OwnFiltersAdmin):
     """A page of jobs, guarded by Job's own permissions (also on the proxy models' pages).
 
     Nobody adds or edits rows here: the change permission allows the actions (retry, cancel,
@@ -60,6 +92,21 @@ class JobPagesAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_delete_finished_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run delete_finished_jobs: Job's delete permission."""
         return self._can(request, "delete")
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        if from_field is None and filters.parse_id(object_id) is None:
+            return None  # a number too large for the column would fail in the driver
+        return super().get_object(request, object_id, from_field)
+
+    def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """Run an action on those selected values that can name a job; ignore forged ones."""
+        picked = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ids = [value for value in picked if filters.parse_id(value) is not None]
+        if ids != picked:
+            post = request.POST.copy()
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, ids)
+            request.POST = post  # type: ignore[assignment]
+        return super().response_action(request, *args, **kwargs)
 
     def get_paginator(
         self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any

@@ -9,11 +9,30 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .. import conf, registry
+from .. import conf, registry, validation
 from ..models import Job, Worker
 
 # The queue and group choices also come from this many of the newest jobs: a bounded look.
 RECENT = 1000
+
+
+def parse_id(text: str | None) -> int | None:
+    """The job id that `text` spells in ASCII digits, or None (no such job can exist).
+
+    str.isdigit() is true of "²", which int() refuses, and int() reads "٣" as 3: only ASCII
+    digits name an id, and only in the range a row can hold (a larger number overflows the
+    driver or the column).
+    """
+    if not text or not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if 1 <= number <= validation.ID_MAX else None
+
+
+def searchable(value: str) -> bool:
+    """Whether `value` can equal a stored name: no NUL, which PostgreSQL refuses in any text
+    parameter and enqueue() in any name."""
+    return "\x00" not in value
 
 
 def _recent(request: HttpRequest, model_admin: Any, field: str) -> set[str]:
@@ -37,9 +56,12 @@ class _ValueFilter(admin.SimpleListFilter):
         return [(value, value) for value in sorted(values)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() is None:
+        value = self.value()
+        if value is None:
             return queryset
-        return queryset.filter(**{self.field: self.value()})
+        if not searchable(value):
+            return queryset.none()
+        return queryset.filter(**{self.field: value})
 
 
 class QueueFilter(_ValueFilter):
@@ -104,7 +126,10 @@ class StateFilter(admin.SimpleListFilter):
         return list(Job.State.choices)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(state=self.value()) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(state=value) if searchable(value) else queryset.none()
 
 
 class _RelationFilter(admin.SimpleListFilter):
@@ -114,16 +139,14 @@ class _RelationFilter(admin.SimpleListFilter):
     label = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        value = self.value()
-        return [(value, f"{self.label} #{value}")] if value and value.isdigit() else []
+        value, pk = self.value(), parse_id(self.value())
+        return [(value, f"{self.label} #{pk}")] if value and pk else []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value is None:
+        if self.value() is None:
             return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(**{self.lookup: int(value)})
+        pk = parse_id(self.value())
+        return queryset.none() if pk is None else queryset.filter(**{self.lookup: pk})
 
 
 class UpstreamOfFilter(_RelationFilter):
@@ -163,4 +186,7 @@ class WorkerFilter(admin.SimpleListFilter):
         return [(self.value(), self.value())] if self.value() else []  # type: ignore[list-item]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(lease_owner=self.value()) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(lease_owner=value) if searchable(value) else queryset.none()

@@ -121,7 +121,7 @@ def render(job: Job) -> SafeString:
     return mark_safe(
         f'<svg class="jq-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height + 30}" viewBox="0 0 {width} {height + 30}" role="img" '
-        f'aria-label="workflow of job {job.pk}" style="font:12px sans-serif">'
+        f'aria-label="workflow of job {job.pk}">'
         '<defs><marker id="jq-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
         'fill="#555"/></marker></defs>' + "".join(edges) + "".join(boxes) + legend + "</svg>"
@@ -139,7 +139,7 @@ def _line(x1: int, y1: int, x2: int, y2: int, *, dashed: bool = False) -> str:
 def _box(item: Node) -> str:
     border = 'stroke="#000" stroke-width="3"' if item.current else 'stroke="#fff"'
     return (
-        f'<a href="{escape(item.url)}" style="text-decoration:none">'
+        f'<a href="{escape(item.url)}">'
         f"<title>{escape(item.label)} ({escape(item.detail)})"
         f'</title><rect x="{item.x}" y="{item.y}" width="{W}" height="{H}" rx="5" '
         f'fill="{item.colour}" {border}/><text x="{item.x + 8}" y="{item.y + 16}" fill="#fff" '

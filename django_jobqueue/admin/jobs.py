@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -12,6 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from .. import repair
 from ..models import Job, JobDependency, Worker
 from . import display, filters, graph
 from .actions import cancel_jobs, delete_finished_jobs, release_leases, retry_jobs
@@ -112,8 +115,9 @@ class JobAdmin(JobPagesAdmin):
         """Run an action; from a job page's button, come back to that job's page."""
         response = super().response_action(request, *args, **kwargs)
         picked = request.POST.getlist("_selected_action")
-        if request.POST.get("_job_page") and len(picked) == 1 and picked[0].isdigit():
-            return redirect(display.job_url(int(picked[0])))
+        pk = filters.parse_id(picked[0]) if len(picked) == 1 else None
+        if request.POST.get("_job_page") and pk is not None:
+            return redirect(display.job_url(pk))
         return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -141,11 +145,13 @@ class JobAdmin(JobPagesAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if not filters.searchable(term):
+            return queryset.none(), False
         # Unordered: with ORDER BY id, SQLite walks the primary key instead of the key's index.
         keyed = list(Job.objects.filter(unique_key=term).values_list("pk", flat=True)[:100])
-        number = term.lstrip("#")
-        if number.isdigit():
-            return queryset.filter(pk__in=[int(number), *keyed]), False
+        number = filters.parse_id(term.lstrip("#"))
+        if number is not None:
+            return queryset.filter(pk__in=[number, *keyed]), False
         if keyed:
             return queryset.filter(pk__in=keyed), False
         return queryset.filter(type=term), False
@@ -159,6 +165,9 @@ class JobAdmin(JobPagesAdmin):
                 display.job_link(job.cancelled_by_id, state.first()),
             )
         if job.state == Job.State.CANCELLED and job.cancel_requested:
+            who = operator_cancel(job)
+            if who:
+                return f"cancelled by operator {who}"
             return "cancelled by an operator or by code (cancel(), or its container's)"
         if job.cancel_requested:
             return "cancellation requested: the running handler is asked to stop"
@@ -216,20 +225,30 @@ class JobAdmin(JobPagesAdmin):
             return "no lease (the job is not held by a worker)"
         worker = Worker.objects.filter(pk=job.lease_owner).first()
         if worker is None:
-            owner = format_html(
-                "{} <span style='{}'>(worker gone)</span>", job.lease_owner, display.WARN
-            )
+            owner = format_html("{} {}", job.lease_owner, display.warn("(worker gone)"))
         else:
             url = reverse("admin:django_jobqueue_worker_change", args=[worker.pk])
             owner = format_html(
                 '<a href="{}">{}</a> (host {}, pid {})', url, worker.pk, worker.host, worker.pid
             )
+        if repair.owner_alive(job.lease_owner):
+            release = (
+                "Release lease is not offered: its worker is alive (its heartbeat is current), "
+                "and a released job would run twice. Cancel the job instead."
+            )
+        else:
+            release = (
+                "Its worker is gone (no heartbeat for a whole lease TTL): Release lease hands "
+                "the job back to the queue."
+            )
         return format_html(
-            "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago",
+            "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago"
+            '<br><span class="jq-release">{}</span>',
             owner,
             display.when(job.lease_expires),
             _expiry(job),
             display.age(job.heartbeat_at),
+            release,
         )
 
     @admin.display(description="errors by attempt")
@@ -256,10 +275,30 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state in (Job.State.DEAD, Job.State.CANCELLED) and not job.is_container:
         return [("retry_jobs", "Retry")]
     if job.state in Job.LEASED_STATES:
+        if repair.owner_alive(job.lease_owner):  # releasing would run the job twice
+            return [("cancel_jobs", "Cancel")]
         return [("cancel_jobs", "Cancel"), ("release_leases", "Release lease")]
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
     return []
+
+
+def operator_cancel(job: Job) -> str:
+    """Who cancelled `job` from the admin and when, from its latest "Cancelled" LogEntry."""
+    entry = (
+        LogEntry.objects.filter(
+            content_type=ContentType.objects.get_for_model(Job),
+            object_id=str(job.pk),
+            action_flag=CHANGE,
+            change_message__startswith="Cancelled",
+        )
+        .select_related("user")
+        .order_by("-action_time")
+        .first()
+    )
+    if entry is None:
+        return ""
+    return f"{entry.user.get_username()} at {display.when(entry.action_time)}"
 
 
 def in_workflow(job: Job) -> bool:
@@ -276,4 +315,4 @@ def _expiry(job: Job) -> SafeString:
     left = display.age(job.lease_expires)
     if left.startswith("in "):
         return format_html("{}", left)
-    return format_html("<span style='{}'>EXPIRED {} ago</span>", display.WARN, left)
+    return display.warn(f"EXPIRED {left} ago")

@@ -67,10 +67,10 @@ class LiveLeaseAdmin(_JobListAdmin):
     @admin.display(description="worker")
     def worker(self, job: Any) -> SafeString:
         if job.worker_host is None:
-            return format_html("{} <span style='{}'>(gone)</span>", job.lease_owner, display.WARN)
+            return format_html("{} {}", job.lease_owner, display.warn("(gone)"))
         url = reverse("admin:django_jobqueue_worker_change", args=[job.lease_owner])
         stale = job.worker_expires is None or job.worker_expires < job.now
-        mark = format_html(" <span style='{}'>(stale)</span>", display.WARN) if stale else ""
+        mark = format_html(" {}", display.warn("(stale)")) if stale else ""
         return format_html(
             '<a href="{}">{} pid {}</a>{}', url, job.worker_host, job.worker_pid, mark
         )
@@ -80,7 +80,7 @@ class LiveLeaseAdmin(_JobListAdmin):
         left = display.age(job.lease_expires, job.now)
         if job.lease_expires > job.now:
             return format_html("{}", left)
-        return format_html("<span style='{}'>EXPIRED {} ago</span>", display.WARN, left)
+        return display.warn(f"EXPIRED {left} ago")
 
     @admin.display(description="heartbeat age")
     def heartbeat(self, job: Any) -> SafeString:
@@ -89,7 +89,7 @@ class LiveLeaseAdmin(_JobListAdmin):
         seconds = (job.now - job.heartbeat_at).total_seconds()
         text = display.duration(max(seconds, 0.0))
         if seconds > 2 * conf.get().heartbeat_interval:
-            return format_html("<span style='{}'>{} (late)</span>", display.WARN, text)
+            return display.warn(f"{text} (late)")
         return format_html("{}", text)
 
 

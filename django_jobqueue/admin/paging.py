@@ -9,6 +9,9 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest
 
 PAGES_AHEAD = 5
+# Past any list an operator pages through; it bounds the count's LIMIT, which a page number
+# from the URL could otherwise push beyond what the database accepts.
+MAX_PAGE = 1_000_000
 
 
 class CappedPaginator(Paginator):  # type: ignore[type-arg]
@@ -20,7 +23,7 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
 
     def __init__(self, object_list: Any, per_page: int, page: int = 1) -> None:
         super().__init__(object_list, per_page)
-        self.cap = (max(page, 1) + PAGES_AHEAD) * int(per_page)
+        self.cap = (min(max(page, 1), MAX_PAGE) + PAGES_AHEAD) * int(per_page)
         self.capped = False
 
     @cached_property

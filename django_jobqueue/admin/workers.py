@@ -15,12 +15,13 @@ from django.utils.safestring import SafeString, mark_safe
 from ..dialects.functions import DbNow
 from ..models import Worker
 from . import display
+from .base import OwnFiltersAdmin
 
 SHOWN = 5
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerAdmin(OwnFiltersAdmin):
     """Worker rows, read-only: each row is kept by its own process's heartbeat."""
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
@@ -96,6 +97,4 @@ class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         now = getattr(worker, "now", None)
         if worker.expires_at is not None and now is not None and worker.expires_at > now:
             return format_html("{}", "alive")
-        return format_html(
-            "<span style='{}'>STALE: no heartbeat for a whole lease TTL</span>", display.WARN
-        )
+        return display.warn("STALE: no heartbeat for a whole lease TTL")
