@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, Worker
@@ -208,3 +211,69 @@ def test_job_that_always_crashes_its_worker_is_dead_after_max_attempts(start_wor
     assert worker.running()
     assert worker.stop() == 0
     assert f"Reclaimed expired lease of job id={job.pk} -> dead" in worker.output()
+
+
+@contextmanager
+def heartbeat_blocked(worker_id: str) -> Iterator[None]:
+    """Hold what `worker_id`'s heartbeat must write (its row; on SQLite the write lock)."""
+    if connection.vendor == "sqlite":
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            yield
+        finally:
+            other.rollback()
+            other.close()
+        return
+    locked, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Worker.objects.select_for_update().filter(pk=worker_id))
+                locked.set()
+                release.wait(60)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+            locked.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+    assert not errors, errors
+
+
+def test_worker_whose_heartbeat_failed_once_still_reclaims_a_killed_workers_job(start_worker):
+    """One failed beat, then beats succeed again: after a lease TTL of them the worker judges
+    others again, and takes back the job of a worker killed afterwards."""
+    # A beat waits at most half an interval for a lock (1 s), and a success within two
+    # intervals of the last one counts as no gap: the short failure below stays inside it.
+    rescuer = start_worker("--lease-ttl", "4", "--heartbeat-interval", "2", "--queue", "other")
+    rescuer_id = rescuer.wait_registered().id
+    # Its first beat after registering has succeeded: the next failure follows a success.
+    poll(lambda: (row := rescuer.row()) is not None and row.heartbeat_at > row.started_at)
+    with heartbeat_blocked(rescuer_id):
+        poll(lambda: "Worker duty heartbeat failed" in rescuer.output(), timeout=60)
+    job = jobqueue.enqueue("test.record", {"sleep": 10}, queue="victim", max_attempts=3)
+    doomed = start_worker("--queue", "victim", *SHORT_LEASE)
+    doomed_id = wait_for_job(job.pk, Job.State.RUNNING).lease_owner
+    doomed.kill()
+
+    def reclaimed() -> bool:
+        return f"Reclaimed expired lease of job id={job.pk}" in rescuer.output()
+
+    poll(reclaimed, timeout=90, interval=0.2)
+    back = Job.objects.get(pk=job.pk)
+    assert back.state in (Job.State.SCHEDULED, Job.State.READY)
+    assert back.lease_owner is None
+    assert back.last_error["type"] == LEASE_EXPIRED
+    assert doomed_id in back.last_error["message"]
+    assert rescuer.stop() == 0

@@ -6,6 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
+- with --burst, `burst`: what is left to do before the worker exits;
 - the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
 - the listener (`listener`, PostgreSQL): push wake-up.
@@ -32,6 +33,7 @@ from .. import execution, leases, schedules, wake
 from ..dialects import get_dialect
 from ..execution import InFlight
 from ..scheduling import Scheduler
+from .burst import BurstCheck
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .duty import Duty
@@ -214,6 +216,15 @@ class JobWorker:
             lease_ttl=self.lease_ttl,
             healthy_for=heartbeat.healthy_for,
         )
+        burst = BurstCheck(
+            dialect,
+            queues=self.queues,
+            batch=conf.reclaim_batch,
+            promoter=promoter,
+            reclaimer=reclaimer,
+        )
+        if self.burst:
+            reclaimer.on_reclaimed = burst.note_reclaimed
         duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
         if self.schedules:
             duties.append(
@@ -241,7 +252,7 @@ class JobWorker:
             dispatcher.run(
                 burst=self.burst,
                 max_jobs=self.max_jobs,
-                promote=lambda: self._promote_now(promoter),
+                pending=burst.pending,
             )
             self._drain(dispatcher, executor, completer)
         finally:
@@ -280,16 +291,6 @@ class JobWorker:
         dispatcher = self.dispatcher
         if dispatcher is not None and load == dispatcher.low_water():
             wake.wake_up()
-
-    def _promote_now(self, promoter: Promoter) -> int:
-        """Burst mode: promote what is due before deciding that nothing is left."""
-        from .promoter import promote_due
-
-        try:
-            return promote_due(self.dialect, batch=self.conf.reclaim_batch)
-        except (DatabaseError, InterfaceError):
-            promoter.wake()
-            return 0
 
     def _install_signals(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:

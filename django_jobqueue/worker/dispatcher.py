@@ -133,13 +133,20 @@ class Dispatcher:
         self.claimed += len(jobs)
         return len(jobs)
 
-    def run(self, *, burst: bool, max_jobs: int | None, promote: Callable[[], int]) -> None:
-        """Loop until stopped, or (burst) nothing is left to do, or max_jobs are done."""
+    def run(self, *, burst: bool, max_jobs: int | None, pending: Callable[[], bool]) -> None:
+        """Loop until stopped, or (burst) nothing is left to do, or max_jobs are done.
+
+        A burst worker exits only when `pending()` found nothing due or reclaimable, the claim
+        after it got nothing, and nothing was or is in flight.
+        """
         while not self.stopping:
             wake.clear()
             # Taken before the claim: a job recorded during it may have held a limit's slot.
             held = len(self.flights)
             try:
+                # Read before the claim, never after: a promotion or reclaim committed after
+                # this read is seen by the claim.
+                waiting = burst and not held and pending()
                 claimed = self.step(max_jobs)
                 self._db_backoff = 0.0
             except (DatabaseError, InterfaceError) as exc:
@@ -153,7 +160,7 @@ class Dispatcher:
                 break
             if max_jobs is not None and self.claimed >= max_jobs and not len(self.flights):
                 break
-            if burst and not claimed and not held and not len(self.flights) and not promote():
+            if burst and not waiting and not claimed and not held and not len(self.flights):
                 break
             if claimed:
                 self._idle_wait = FIRST_IDLE_POLL

@@ -127,7 +127,13 @@ class Heartbeat(Duty):
         if not self.dialect.run_in_transaction(lambda: rows.update(**values), tries=1):
             self.register(job_ids)
         now = time.monotonic()
-        if self._last_ok is None or now - self._last_ok > self._max_gap():
+        # A failed beat (on_error) ends the healthy period even when this success follows
+        # soon after: the period starts again here, or the reclaimer would never judge again.
+        if (
+            self._healthy_since is None
+            or self._last_ok is None
+            or now - self._last_ok > self._max_gap()
+        ):
             self._healthy_since = now
         self._last_ok = now
 

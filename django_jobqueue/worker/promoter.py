@@ -38,6 +38,11 @@ def promote_due(dialect: Dialect, *, batch: int) -> int:
     return dialect.run_in_transaction(txn)
 
 
+def any_due(dialect: Dialect, queues: list[str]) -> bool:
+    """Whether a scheduled job in `queues` is due (database clock)."""
+    return Job.objects.using(dialect.using).due().in_queues(queues).exists()
+
+
 def seconds_until_due(dialect: Dialect) -> float | None:
     """Seconds until the earliest scheduled job is due, by the database clock (None: none)."""
     row = (

@@ -139,6 +139,29 @@ def reclaim_expired(
     return moved
 
 
+def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:
+    """Whether a job in `queues` has an expired lease whose owner is gone or no longer lists it.
+
+    The same test as `reclaim_expired`'s, without its lock: such a lease waits only for a
+    reclaimer, so a burst worker does not exit while one is left.
+    """
+    expired = Job.objects.using(dialect.using).expired().in_queues(queues)
+    holders = {
+        str(owner)
+        for owner in expired.order_by().values_list("lease_owner", flat=True).distinct()
+        if owner is not None
+    }
+    owners = _owners(dialect, holders) if holders else {}
+    for holder in sorted(holders):
+        who = owners.get(holder)
+        if who is None or not who.alive:
+            return True
+        held = expired.filter(lease_owner=holder).values_list("pk", flat=True)
+        if any(pk not in who.job_ids for pk in held):
+            return True
+    return False
+
+
 def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
     rows = Worker.objects.using(dialect.using).filter(pk__in=sorted(ids))
     alive = set(rows.filter(expires_at__gt=DbNow()).values_list("pk", flat=True))
@@ -190,6 +213,7 @@ class Reclaimer(Duty):
         backoff_max: float,
         lease_ttl: float,
         healthy_for: Callable[[], float],
+        on_reclaimed: Callable[[list[tuple[int, str]]], None] | None = None,
     ) -> None:
         super().__init__(dialect, interval=interval, lock_timeout=lock_timeout)
         self.batch = batch
@@ -197,6 +221,10 @@ class Reclaimer(Duty):
         self.backoff_max = backoff_max
         self.lease_ttl = lease_ttl
         self.healthy_for = healthy_for
+        self.on_reclaimed = on_reclaimed
+        # True from before a reclaim's transaction until on_reclaimed has its outcome: a burst
+        # worker reading the database meanwhile cannot tell a job reclaimed here yet.
+        self.reclaiming = False
 
     def may_judge(self, owner_ttl: float | None) -> bool:
         """Whether this worker has beaten without a gap for a whole TTL (its own, the owner's)."""
@@ -209,11 +237,17 @@ class Reclaimer(Duty):
             sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
         if not Job.objects.using(self.dialect.using).expired().exists():
             return None
-        moved = reclaim_expired(
-            self.dialect,
-            batch=self.batch,
-            backoff=self.backoff,
-            backoff_max=self.backoff_max,
-            may_judge=self.may_judge,
-        )
+        self.reclaiming = True
+        try:
+            moved = reclaim_expired(
+                self.dialect,
+                batch=self.batch,
+                backoff=self.backoff,
+                backoff_max=self.backoff_max,
+                may_judge=self.may_judge,
+            )
+            if moved and self.on_reclaimed is not None:
+                self.on_reclaimed(moved)
+        finally:
+            self.reclaiming = False
         return 0.0 if len(moved) >= self.batch else None
