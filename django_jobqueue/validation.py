@@ -5,12 +5,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import InvalidArgumentsError, InvalidJobError
+from .exceptions import (
+    RETRY_AT_MAX,
+    RETRY_AT_MIN,
+    RETRY_DELAY_MAX,
+    InvalidArgumentsError,
+    InvalidJobError,
+)
 
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -18,10 +25,24 @@ ID_MAX = 2**63 - 1  # job ids are 64-bit
 FLOAT_EXACT = 1e16  # floats from here on are written with an exponent (see _first_unserializable)
 # run_after must lie in this range (UTC): every database stores it, and a date near the ends
 # of Python's range cannot overflow when converted between time zones.
-RUN_AFTER_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
-RUN_AFTER_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+RUN_AFTER_MIN, RUN_AFTER_MAX = RETRY_AT_MIN, RETRY_AT_MAX
 # A relative run_after (a timedelta) may reach this far from now, either way.
-DELAY_MAX = dt.timedelta(days=36525)
+DELAY_MAX = RETRY_DELAY_MAX
+
+
+# Characters a name must not hold, and that operator-facing output escapes: C0 and C1 control
+# characters and DEL (ESC, CR, BEL... drive the terminal: a name could clear the screen or
+# overwrite a line), the line and paragraph separators, and the bidirectional controls, which
+# reorder how the rest of a line is shown ("Trojan Source"). Other format characters (Cf), such
+# as the zero-width joiner of emoji and of Indic and Persian scripts, are allowed.
+UNSAFE_CHARS = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """Return `text` with the characters of UNSAFE_CHARS escaped (\\x1b, \\n, \\u202e)."""
+    return UNSAFE_CHARS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, Any]:
@@ -159,6 +180,12 @@ def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = F
     problem = _text_problem(value)
     if problem:
         raise InvalidJobError(f"{name} {problem}.")
+    unsafe = UNSAFE_CHARS.search(value)
+    if unsafe:
+        raise InvalidJobError(
+            f"{name} must not contain control characters: {printable(value)!r} holds "
+            f"{printable(unsafe[0])} at position {unsafe.start()}."
+        )
     return value
 
 

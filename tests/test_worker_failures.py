@@ -118,7 +118,11 @@ def test_job_without_a_handler_here_is_left_ready_and_the_worker_goes_on(start_w
     assert (orphan.state, orphan.attempts) == (Job.State.READY, 0)
     assert worker.running()
     assert worker.stop() == 0
-    assert_clean_log(worker.output())
+    log = worker.output()
+    if forced:
+        assert log.count("Could not record the outcome of job") == len(BAD_RETRIES)
+        assert "retry asked for" not in log  # the plain failure waits for the usual backoff
+    assert_clean_log(log, allow=("Could not record",) if forced else ())
 
 
 def test_one_failing_job_does_not_hold_up_the_others(start_worker):
@@ -131,3 +135,43 @@ def test_one_failing_job_does_not_hold_up_the_others(start_worker):
         assert done.state == Job.State.DONE
         assert done.result == 2 * i
     assert worker.stop() == 0
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["raised", "past-the-checks"])
+def test_bad_retry_argument_fails_its_job_and_the_worker_records_the_next(start_worker, forced):
+    """Retry(at="tomorrow"), Retry(at=12345), Retry(delay=Decimal("5")): raised, Retry refuses
+    them (the TypeError is the attempt's error); set past its checks, the completer cannot
+    write them and records a plain failure (backoff, then dead on the last attempt) instead.
+    Either way the worker goes on recording the next job's outcome."""
+    from tests.testapp.jobs import BAD_RETRIES
+
+    worker = start_worker("--concurrency", "1")
+    worker.wait_registered()
+    for kind in BAD_RETRIES:
+        # Retry's plan is used only with attempts left: a forced one needs two.
+        bad = jobqueue.enqueue(
+            "test.bad_retry", {"kind": kind, "forced": forced}, max_attempts=2 if forced else 1
+        )
+        dead = wait_for_job(bad.pk, *TERMINAL)
+        assert dead.state == Job.State.DEAD
+        assert dead.lease_owner is None
+        first = dead.errors[0]
+        if forced:
+            assert dead.attempts == 2
+            assert first["type"] == "django_jobqueue.exceptions.Retry"
+            assert "could not be recorded as planned" in first["message"]
+            assert f"forced {kind}" == dead.last_error["message"]
+            assert dead.started_at >= dead.run_after  # the second attempt waited for backoff
+        else:
+            assert dead.attempts == 1
+            assert first["type"] == "builtins.TypeError"
+            assert first["message"].startswith("Retry ")
+        after = jobqueue.enqueue("test.add", {"a": 1, "b": 2})
+        done = wait_for_job(after.pk, *TERMINAL)
+        assert (done.state, done.result) == (Job.State.DONE, 3)
+    assert worker.stop() == 0
+    log = worker.output()
+    if forced:
+        assert log.count("Could not record the outcome of job") == len(BAD_RETRIES)
+        assert "retry asked for" not in log  # the plain failure waits for the usual backoff
+    assert_clean_log(log, allow=("Could not record",) if forced else ())
