@@ -571,6 +571,42 @@ def test_check_run_after() -> None:
     assert validation.check_run_after(dt.timedelta(seconds=5)) == dt.timedelta(seconds=5)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"at": "tomorrow"}, TypeError, "at must be an aware datetime, not str"),
+        ({"at": 12345}, TypeError, "at must be an aware datetime, not int"),
+        ({"at": dt.date(2030, 1, 1)}, TypeError, "not date"),
+        ({"at": dt.datetime(2030, 1, 1)}, ValueError, "timezone-aware"),
+        ({"at": dt.datetime(9999, 1, 1, tzinfo=dt.UTC)}, ValueError, "before 9000-01-01"),
+        ({"delay": decimal.Decimal("5")}, TypeError, "not Decimal"),
+        ({"delay": "5"}, TypeError, "not str"),
+        ({"delay": True}, TypeError, "not bool"),
+        ({"delay": math.nan}, ValueError, "not NaN"),
+        ({"delay": math.inf}, ValueError, "at most 36525 days"),
+        ({"delay": 10**400}, ValueError, "at most 36525 days"),
+        ({"delay": 4e9}, ValueError, "at most 36525 days"),
+        ({"delay": dt.timedelta.max}, ValueError, "at most 36525 days"),
+        ({"delay": -0.5}, ValueError, "must not be negative"),
+        ({"delay": -dt.timedelta(seconds=1)}, ValueError, "must not be negative"),
+        ({"reason": 42}, TypeError, "reason must be a string"),
+    ],
+)
+def test_retry_refuses_a_bad_argument_where_it_is_raised(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        jobqueue.Retry(**kwargs)
+
+
+def test_retry_keeps_good_arguments():
+    at = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert jobqueue.Retry(at=at).at is at
+    assert jobqueue.Retry(0).delay == 0.0
+    assert jobqueue.Retry(5).delay == 5.0
+    assert jobqueue.Retry(2.5).delay == 2.5
+    assert jobqueue.Retry(dt.timedelta(days=36525)).delay == 36525 * 86400
+    assert (jobqueue.Retry().delay, jobqueue.Retry().at) == (None, None)
+
+
 def test_retry_takes_a_delay_or_a_time_never_both_nor_a_negative_delay():
     """`raise jobqueue.Retry(...)` checks its arguments where the handler raises it."""
     assert jobqueue.Retry(dt.timedelta(minutes=2)).delay == 120.0
