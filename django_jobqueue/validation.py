@@ -22,6 +22,9 @@ from .exceptions import (
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 ID_MAX = 2**63 - 1  # job ids are 64-bit
+# Objects and arrays nested in one JSON value, the outermost counted: MariaDB's JSON_VALID
+# (its JSON columns' CHECK constraint) refuses 32 or more, so args and results stop below that.
+MAX_JSON_DEPTH = 30
 FLOAT_EXACT = 1e16  # floats from here on are written with an exponent (see _first_unserializable)
 # run_after must lie in this range (UTC): every database stores it, and a date near the ends
 # of Python's range cannot overflow when converted between time zones.
@@ -69,9 +72,9 @@ def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, A
 def json_problem(value: Any, path: str, max_bytes: int | None = None) -> str | None:
     """Why `value` cannot be stored in a JSON column (and read back equal), or None.
 
-    Checks what every database refuses (NUL, lone surrogates, NaN), what json.dumps refuses
-    (other types, integers over Python's 4,300-digit conversion limit, cycles, nesting too
-    deep to walk) and, with `max_bytes`, the size of the JSON text.
+    Checks what every database refuses (NUL, lone surrogates, NaN, more than MAX_JSON_DEPTH
+    levels of nesting), what json.dumps refuses (other types, integers over Python's
+    4,300-digit conversion limit, cycles) and, with `max_bytes`, the size of the JSON text.
     """
     try:
         problem = _first_unserializable(value, path)
@@ -98,7 +101,12 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def _first_unserializable(value: Any, path: str) -> str | None:
+def _first_unserializable(value: Any, path: str, depth: int = 1) -> str | None:
+    if isinstance(value, list | tuple | dict) and depth > MAX_JSON_DEPTH:
+        return (
+            f"{path} is nested too deeply (more than {MAX_JSON_DEPTH} levels of objects and "
+            "arrays, or it refers to itself)"
+        )
     if isinstance(value, str):
         problem = _text_problem(value)
         return f"{path} {problem}" if problem else None
@@ -120,7 +128,7 @@ def _first_unserializable(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            found = _first_unserializable(item, f"{path}[{i}]")
+            found = _first_unserializable(item, f"{path}[{i}]", depth + 1)
             if found:
                 return found
         return None
@@ -131,7 +139,7 @@ def _first_unserializable(value: Any, path: str) -> str | None:
             problem = _text_problem(k)
             if problem:
                 return f"{path} has a key {k!r} that {problem}"
-            found = _first_unserializable(item, f"{path}[{k!r}]")
+            found = _first_unserializable(item, f"{path}[{k!r}]", depth + 1)
             if found:
                 return found
         return None

@@ -47,6 +47,19 @@ def _job_on_another_database() -> Job:
     return job
 
 
+def _nested(levels: int) -> Any:
+    """A JSON value of `levels` nested arrays."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _in_graph(build: Callable[[Any], Any]) -> None:
+    with jobqueue.graph() as g:
+        build(g)
+
+
 @dataclasses.dataclass
 class Env:
     """Rows the bad calls point at, created before the job count is taken."""
@@ -321,6 +334,48 @@ BAD_INPUT: list[tuple[str, Callable[[Env], Any], type[Exception], str]] = [
         lambda env: enqueue("test.noop", parent=[1]),  # type: ignore[arg-type]
         InvalidDependencyError,
         "parent",
+    ),
+    ("handler-a-list", lambda env: enqueue(["plain"]), UnknownHandlerError, "not list"),  # type: ignore[arg-type]
+    (
+        "handler-a-list-in-enqueue-many",
+        lambda env: jobqueue.enqueue_many([(["plain"], {})]),  # type: ignore[list-item]
+        UnknownHandlerError,
+        "not list",
+    ),
+    (
+        "handler-a-dict-in-a-graph",
+        lambda env: _in_graph(lambda g: g.add({"k": 1})),  # type: ignore[arg-type]
+        UnknownHandlerError,
+        "not dict",
+    ),
+    (
+        "args-nested-31-levels",
+        lambda env: enqueue("test.noop", {"d": _nested(30)}),
+        InvalidArgumentsError,
+        "more than 30 levels",
+    ),
+    ("group-esc", lambda env: enqueue("test.noop", group="a\x1b[2J"), InvalidJobError, "\\x1b"),
+    ("queue-cr", lambda env: enqueue("test.noop", queue="q\rHealthy."), InvalidJobError, "\\r"),
+    (
+        "unique-key-bel",
+        lambda env: enqueue("test.noop", unique_key="k\a"),
+        InvalidJobError,
+        "\\x07",
+    ),
+    ("group-newline", lambda env: enqueue("test.noop", group="a\nb"), InvalidJobError, "\\n"),
+    ("group-c1", lambda env: enqueue("test.noop", group="a\x9bb"), InvalidJobError, "\\x9b"),
+    ("group-bidi", lambda env: enqueue("test.noop", group="a\u202eb"), InvalidJobError, "\\u202e"),
+    (
+        "container-name-esc",
+        lambda env: jobqueue.container("box\x1b").__enter__(),
+        InvalidJobError,
+        "control characters",
+    ),
+    (
+        "graph-queue-esc",
+        lambda env: _in_graph(lambda g: g.add("test.noop", queue="q\x1b")),
+        InvalidJobError,
+        "control characters",
     ),
     (
         "missing-dependency-after-a-valid-one",

@@ -175,3 +175,32 @@ def test_bad_retry_argument_fails_its_job_and_the_worker_records_the_next(start_
         assert log.count("Could not record the outcome of job") == len(BAD_RETRIES)
         assert "retry asked for" not in log  # the plain failure waits for the usual backoff
     assert_clean_log(log, allow=("Could not record",) if forced else ())
+
+
+def test_args_and_results_nested_to_the_limit_round_trip_and_deeper_ones_are_refused(
+    start_worker,
+):
+    """30 levels are stored on every database; 31 are refused before the write (MariaDB's
+    JSON_VALID would refuse 32 with an IntegrityError): args at enqueue, a result by failing
+    its job with ResultNotStored, and the worker goes on."""
+    from django_jobqueue.exceptions import InvalidArgumentsError
+    from tests.test_validation import _nested
+
+    deepest = jobqueue.enqueue("test.noop", {"d": _nested(29)})  # with the args object: 30
+    deepest.refresh_from_db()
+    assert deepest.args == {"d": _nested(29)}
+    with pytest.raises(InvalidArgumentsError, match="more than 30 levels"):
+        jobqueue.enqueue("test.noop", {"d": _nested(30)})
+    kept = jobqueue.enqueue("test.deep_result", {"levels": 30})
+    refused = jobqueue.enqueue("test.deep_result", {"levels": 31}, max_attempts=3)
+    after = jobqueue.enqueue("test.add", {"a": 2, "b": 2}, priority=-1)
+    worker = start_worker("--concurrency", "1")
+    done = wait_for_job(kept.pk, *TERMINAL)
+    assert (done.state, done.result) == (Job.State.DONE, _nested(30))
+    dead = wait_for_job(refused.pk, *TERMINAL)
+    assert (dead.state, dead.attempts) == (Job.State.DEAD, 1)
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.ResultNotStored"
+    assert "more than 30 levels" in dead.last_error["message"]
+    assert wait_for_job(after.pk, *TERMINAL).result == 4
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())

@@ -179,3 +179,12 @@ def loud_error(kind: str) -> None:
 class BrokenStr(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no text for you")
+
+
+@jobqueue.handler("test.deep_result")
+def deep_result(levels: int) -> list[Any]:
+    """Return `levels` nested arrays (MariaDB's JSON_VALID refuses 32 or more)."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
