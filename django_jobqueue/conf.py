@@ -75,10 +75,11 @@ def parse_age(value: str | float | dt.timedelta) -> dt.timedelta:
 
 # The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
 INT_MAX = 2**31 - 1
-# The longest lease TTL, interval or lock wait (seconds): one day. Far longer values overflow
-# where they are used (a thread's wait, a lease deadline, a database's lock timeout), so they
-# are refused at start-up rather than failing every duty of the worker.
-MAX_INTERVAL = 86_400.0
+# The longest lease TTL, interval or lock wait, in seconds (about 11.6 days). Longer values
+# overflow where they are used (PostgreSQL's lock and idle timeouts are 32-bit milliseconds; a
+# thread's wait stops at threading.TIMEOUT_MAX), so they are refused at start-up rather than
+# failing every duty of the worker.
+MAX_INTERVAL = 1_000_000.0
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
 
@@ -116,7 +117,7 @@ def _validate(conf: JobQueueSettings) -> None:
         if name != "timeout" and value > MAX_INTERVAL:
             raise ImproperlyConfigured(
                 f"JOBQUEUE[{name.upper()!r}] must be at most {MAX_INTERVAL:,.0f} seconds "
-                f"(one day), not {value!r}."
+                f"(about 11.6 days), not {value!r}."
             )
 
     for name in (
@@ -151,7 +152,7 @@ def _validate(conf: JobQueueSettings) -> None:
     ):
         raise ImproperlyConfigured(
             "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
-            f"{MAX_INTERVAL:,.0f} (one day)."
+            f"{MAX_INTERVAL:,.0f} (about 11.6 days)."
         )
     for name in ("group_limits", "queue_limits"):
         limits = getattr(conf, name)

@@ -27,7 +27,9 @@ def _positive(kind: type, maximum: float | None = None) -> Any:
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{text!r} is over {maximum:,.0f} seconds (a day)")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is over {maximum:,.0f} seconds (about 11.6 days)"
+            )
         return value
 
     return parse
@@ -41,7 +43,9 @@ def _non_negative(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative (and finite)")
     if value > MAX_INTERVAL:
-        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_INTERVAL:,.0f} seconds (a day)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is over {MAX_INTERVAL:,.0f} seconds (about 11.6 days)"
+        )
     return value
 
 
