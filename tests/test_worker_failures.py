@@ -200,3 +200,42 @@ def test_args_and_results_nested_to_the_limit_round_trip_and_deeper_ones_are_ref
     assert wait_for_job(after.pk, *TERMINAL).result == 4
     assert worker.stop() == 0
     assert_clean_log(worker.output())
+
+
+@pytest.mark.parametrize("kind", ["long", "lines", "broken-str"])
+def test_a_log_line_carries_a_bounded_one_line_message_whatever_the_exception(caplog, kind):
+    """A megabyte message, one that forges log lines, one whose __str__ raises: each failure
+    is one bounded line (the stored error keeps its own, longer, record)."""
+    import logging
+
+    from django_jobqueue.error_records import MAX_LOG_MESSAGE
+    from django_jobqueue.testing import run_jobs
+
+    job = jobqueue.enqueue("test.loud_error", {"kind": kind}, max_attempts=1)
+    with caplog.at_level(logging.WARNING, logger="django_jobqueue"):
+        run_jobs()
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
+    lines = [r.getMessage() for r in caplog.records if f"Job id={job.pk} " in r.getMessage()]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert "\n" not in line and "\r" not in line
+    assert len(line) < MAX_LOG_MESSAGE + 300  # the job's fields and the "cut" mark
+    assert "died after" in line
+    if kind == "long":
+        assert "[... 998,000 characters cut ...]" in line
+    if kind == "lines":
+        assert "first\\nJob id=1 type=test.add attempt=1 done\\n" in line
+    if kind == "broken-str":
+        assert "<BrokenStr whose str() failed>" in line
+        assert job.last_error["message"] == "<BrokenStr whose str() failed>"
+
+
+def test_log_text_escapes_control_characters_and_cuts():
+    from django_jobqueue.error_records import log_text
+
+    assert log_text(RuntimeError("a\x1b[2J\r\nb\x00\u202e\ud800")) == (
+        "a\\x1b[2J\\r\\nb\\x00\\u202e\\ud800"
+    )
+    assert log_text("é ok \u200d") == "é ok \u200d"  # letters and joiners stay as they are
+    assert log_text("\n" * 5000, limit=10) == "\\n" * 5 + "[... 4,990 characters cut ...]"
