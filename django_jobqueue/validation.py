@@ -179,8 +179,15 @@ def check_timeout(value: Any) -> float | None:
     return float(value)
 
 
-def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = False) -> str:
-    """Return `value` if it is a string that fits its column."""
+def check_label(
+    name: str,
+    value: Any,
+    max_length: int,
+    *,
+    allow_empty: bool = False,
+    allow_control: bool = False,
+) -> str:
+    """Return `value` if it is a string that fits its column (and, by default, prints safely)."""
     if not isinstance(value, str) or (not value and not allow_empty):
         raise InvalidJobError(f"{name} must be a non-empty string, not {value!r}.")
     if len(value) > max_length:
@@ -188,7 +195,7 @@ def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = F
     problem = _text_problem(value)
     if problem:
         raise InvalidJobError(f"{name} {problem}.")
-    unsafe = UNSAFE_CHARS.search(value)
+    unsafe = None if allow_control else UNSAFE_CHARS.search(value)
     if unsafe:
         raise InvalidJobError(
             f"{name} must not contain control characters: {printable(value)!r} holds "
