@@ -11,6 +11,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .exceptions import InvalidJobError
+from .validation import UNSAFE_CHARS, check_label
+
 
 @dataclasses.dataclass(frozen=True)
 class JobQueueSettings:
@@ -72,6 +75,11 @@ def parse_age(value: str | float | dt.timedelta) -> dt.timedelta:
 
 # The integer columns and the limits they are compared with are 32-bit on PostgreSQL and MySQL.
 INT_MAX = 2**31 - 1
+# The longest lease TTL, interval or lock wait, in seconds (about 11.6 days). Longer values
+# overflow where they are used (PostgreSQL's lock and idle timeouts are 32-bit milliseconds; a
+# thread's wait stops at threading.TIMEOUT_MAX), so they are refused at start-up rather than
+# failing every duty of the worker.
+MAX_INTERVAL = 1_000_000.0
 
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
 
@@ -106,6 +114,11 @@ def _validate(conf: JobQueueSettings) -> None:
             or value <= 0
         ):
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
+        if name != "timeout" and value > MAX_INTERVAL:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE[{name.upper()!r}] must be at most {MAX_INTERVAL:,.0f} seconds "
+                f"(about 11.6 days), not {value!r}."
+            )
 
     for name in (
         "lease_ttl",
@@ -135,23 +148,27 @@ def _validate(conf: JobQueueSettings) -> None:
         isinstance(conf.shutdown_timeout, bool)
         or not isinstance(conf.shutdown_timeout, int | float)
         or not math.isfinite(conf.shutdown_timeout)
-        or conf.shutdown_timeout < 0
+        or not 0 <= conf.shutdown_timeout <= MAX_INTERVAL
     ):
-        raise ImproperlyConfigured("JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a finite number >= 0.")
+        raise ImproperlyConfigured(
+            "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
+            f"{MAX_INTERVAL:,.0f} (about 11.6 days)."
+        )
     for name in ("group_limits", "queue_limits"):
         limits = getattr(conf, name)
         # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
         if not isinstance(limits, dict) or not all(
             isinstance(k, str)
             and 1 <= len(k) <= 200
+            and not UNSAFE_CHARS.search(k)
             and isinstance(v, int)
             and not isinstance(v, bool)
             and 1 <= v <= INT_MAX
             for k, v in limits.items()
         ):
             raise ImproperlyConfigured(
-                f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters to "
-                f"integers from 1 to {INT_MAX}."
+                f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters (no "
+                f"control characters) to integers from 1 to {INT_MAX}."
             )
     if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
         raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
@@ -192,10 +209,13 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
         )
-    if not isinstance(conf.default_queue, str) or not 1 <= len(conf.default_queue) <= 100:
+    try:  # the checks enqueue() makes of a queue name: every enqueue would fail otherwise
+        check_label("queue", conf.default_queue, 100)
+    except InvalidJobError as exc:
         raise ImproperlyConfigured(
-            "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters."
-        )
+            "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters, "
+            f"without NUL or control characters: {exc}"
+        ) from None
 
 
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
@@ -205,15 +225,18 @@ def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
     """Return (starts, period in seconds) of a RATE_LIMITS entry such as "60/m"."""
     text = rate.strip() if isinstance(rate, str) else ""
     count, _, period = text.partition("/")
+    # isdecimal() and isascii(): "²".isdigit() is true, but int("²") raises ValueError.
     if (
         not isinstance(group, str)
-        or not count.isdigit()
-        or int(count) < 1
+        or UNSAFE_CHARS.search(group)
+        or not (count.isascii() and count.isdecimal())
+        or not 1 <= int(count) <= INT_MAX
         or period not in RATE_PERIODS
     ):
         raise ImproperlyConfigured(
             f"JOBQUEUE['RATE_LIMITS'][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
-            "a whole N >= 1 (at most N starts of the group in any window of that length)."
+            f"a whole N from 1 to {INT_MAX} (at most N starts of the group in any window of "
+            "that length), and a group name without control characters."
         )
     return int(count), RATE_PERIODS[period]
 

@@ -11,6 +11,8 @@ from typing import Any
 MAX_ERROR_MESSAGE = 2_000
 MAX_ERROR_TRACEBACK = 20_000
 MAX_ERROR_HISTORY = 25
+# What one log line carries of a handler's exception message (the stored record has the rest).
+MAX_LOG_MESSAGE = 2_000
 
 
 def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True) -> dict[str, Any]:
@@ -27,6 +29,26 @@ def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True)
         "traceback": _cut(storable_text(tb), MAX_ERROR_TRACEBACK, keep_end=True),
         "attempt": attempt,
     }
+
+
+def log_text(value: object, limit: int = MAX_LOG_MESSAGE) -> str:
+    """Return `str(value)` for a log line: never raising, on one line, at most `limit` long.
+
+    A handler's exception message is the handler's text: it may be megabytes long, hold
+    newlines that forge log lines, or control characters that drive a terminal. Those are
+    escaped (validation.printable) and the text is cut, so a log line stays one bounded line.
+    """
+    from .validation import printable
+
+    try:
+        text = str(value)
+    except Exception:  # a broken __str__ must not lose the log line
+        text = f"<{type(value).__qualname__} whose str() failed>"
+    cut = len(text) - limit
+    if cut > 0:
+        text = text[:limit]
+    text = storable_text(printable(text))[:limit]  # escaping lengthens it: cut again
+    return text + f"[... {cut:,} characters cut ...]" if cut > 0 else text
 
 
 def with_error(history: list[dict[str, Any]] | None, error: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 
 class JobQueueError(Exception):
@@ -40,12 +41,16 @@ class Retry(Exception):
     `delay` nor `at`, the job is ready again at once.
 
     Args:
-        delay: Seconds, or a timedelta, from the database's current time.
-        at: An aware datetime to run it again at.
+        delay: Seconds (an int or a float), or a timedelta, from the database's current time:
+            finite, from 0 to 100 years.
+        at: An aware datetime to run it again at, from 1900 to before 9000 (UTC).
         reason: The attempt's error message (a default one names `delay` and `at`).
 
     Raises:
-        ValueError: Both `delay` and `at` were given, or `delay` is negative.
+        TypeError: `delay` is not a number or a timedelta (a bool or a Decimal, say), `at` is
+            not a datetime, or `reason` is not a string.
+        ValueError: Both `delay` and `at` were given, `delay` is negative, not finite or over
+            100 years, or `at` is naive or out of range.
     """
 
     def __init__(
@@ -57,14 +62,64 @@ class Retry(Exception):
     ) -> None:
         if delay is not None and at is not None:
             raise ValueError("Retry takes delay or at, not both.")
-        if isinstance(delay, dt.timedelta):
-            delay = delay.total_seconds()
-        if delay is not None and delay < 0:
-            raise ValueError("Retry delay must not be negative.")
+        # Checked here, in the handler, so that a bad value fails the attempt like any other
+        # exception instead of reaching the worker's write of the outcome.
+        delay = None if delay is None else _retry_delay(delay)
+        if at is not None:
+            _check_retry_at(at)
+        if not isinstance(reason, str):
+            raise TypeError(f"Retry reason must be a string, not {type(reason).__name__}.")
         self.delay = delay
         self.at = at
         self.reason = reason
         super().__init__(reason or f"retry requested (delay={delay}, at={at})")
+
+
+# The bounds enqueue() puts on run_after too (validation.py takes them from here).
+RETRY_DELAY_MAX = dt.timedelta(days=36525)
+RETRY_AT_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+RETRY_AT_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+
+
+def _retry_delay(delay: object) -> float:
+    """Return `delay` in seconds if it is a valid Retry delay."""
+    if isinstance(delay, dt.timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+    else:
+        raise TypeError(
+            "Retry delay must be seconds (an int or a float) or a timedelta, "
+            f"not {type(delay).__name__} {delay!r}."
+        )
+    if math.isnan(seconds):
+        raise ValueError("Retry delay must be a number of seconds, not NaN.")
+    if seconds < 0:
+        raise ValueError("Retry delay must not be negative.")
+    if seconds > RETRY_DELAY_MAX.total_seconds():
+        raise ValueError(
+            f"Retry delay must be at most {RETRY_DELAY_MAX.days} days (100 years), not {delay!r}."
+        )
+    return seconds
+
+
+def _check_retry_at(at: object) -> None:
+    if not isinstance(at, dt.datetime):
+        raise TypeError(f"Retry at must be an aware datetime, not {type(at).__name__} {at!r}.")
+    if at.utcoffset() is None:
+        raise ValueError("Retry at must be a timezone-aware datetime, not a naive one.")
+    try:
+        in_range = RETRY_AT_MIN <= at < RETRY_AT_MAX
+    except OverflowError:  # an offset that pushes it past Python's own range
+        in_range = False
+    if not in_range:
+        raise ValueError(
+            f"Retry at must be from {RETRY_AT_MIN:%Y-%m-%d} to before {RETRY_AT_MAX:%Y-%m-%d} "
+            f"(UTC), not {at.isoformat()}."
+        )
 
 
 class Fail(Exception):

@@ -17,14 +17,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
+
 from . import leases, registry, signals, validation, wake
 from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
+from .error_records import error_info, log_text
 from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
 
 logger = logging.getLogger(__name__)
+
+# Errors that writing the same outcome again cannot cure: the database refuses a value, or a
+# value cannot even be turned into SQL (a run_after that is not a datetime fails in Python, as
+# a TypeError, ValueError, OverflowError or Django's ValidationError, before any statement).
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (
+    DataError,
+    IntegrityError,
+    ProgrammingError,
+    NotSupportedError,
+    TypeError,
+    ValueError,
+    OverflowError,
+    ValidationError,
+)
 
 
 @dataclasses.dataclass(eq=False)
@@ -182,6 +200,65 @@ def failure_plan(outcome: Outcome, conf: JobQueueSettings) -> dict[str, Any]:
     return plan
 
 
+def record_failure(
+    dialect: Dialect,
+    outcome: Outcome,
+    conf: JobQueueSettings,
+    *,
+    on_refused: Callable[[], None] = lambda: None,
+) -> tuple[str | None, dict[str, Any]]:
+    """Write a failed attempt (leases.fail); return the job's new state (or BUSY) and the plan.
+
+    What cannot be written as planned is written more plainly, so that one bad outcome never
+    holds back the others: with a plain error record when the database refuses the record,
+    then, when the plan itself cannot be written, as an ordinary failure (backoff, or `dead`
+    on the last attempt) whose error says why. State None: not even that could be written
+    (or the lease was lost); the lease is left to expire and the reclaimer takes the job back.
+    `on_refused` runs after each refused write (the completer drops its connection there).
+    """
+    assert outcome.error is not None
+    lease = outcome.flight.lease
+    plan = failure_plan(outcome, conf)
+    error = error_info(outcome.error, lease.attempt)
+    try:
+        return leases.fail(dialect, lease, error, **plan), plan
+    except PERMANENT_ERRORS as exc:
+        on_refused()
+        refused = log_text(exc)
+    plain = {"type": error["type"], "message": "(could not be stored)", "traceback": "",
+             "attempt": lease.attempt}  # fmt: skip
+    try:
+        state = leases.fail(dialect, lease, plain, **plan)
+    except PERMANENT_ERRORS as exc:
+        on_refused()
+        problem = f"{type(exc).__qualname__}: {log_text(exc)}"
+    else:
+        logger.error("Could not store the error of job id=%s: %s", lease.job_id, refused)
+        return state, plan
+    logger.error(
+        "Could not record the outcome of job id=%s as planned (%s); recording it as a failure",
+        lease.job_id, problem,
+    )  # fmt: skip
+    plain["message"] = f"(the outcome could not be recorded as planned: {problem})"
+    job = outcome.flight.job
+    plan = {"parent_id": job.parent_id}
+    if lease.attempt >= job.max_attempts:
+        plan["dead"] = True
+    else:
+        plan["retry_in"] = leases.backoff_seconds(
+            lease.attempt, conf.retry_backoff, conf.retry_backoff_max
+        )
+    try:
+        return leases.fail(dialect, lease, plain, **plan), plan
+    except PERMANENT_ERRORS as exc:
+        on_refused()
+        logger.error(
+            "Could not record the failure of job id=%s at all (%s); its lease is left to "
+            "expire", lease.job_id, log_text(exc),
+        )  # fmt: skip
+        return None, plan
+
+
 def about(flight: InFlight, duration: float | None = None) -> dict[str, Any]:
     """The keyword arguments every attempt signal passes (see `signals`)."""
     job = flight.job
@@ -251,7 +328,8 @@ def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None
     exc = outcome.error
     when = ""
     if state in ("ready", "scheduled") and plan:
-        if plan.get("retry_at") is not None or isinstance(exc, Retry):
+        asked = isinstance(exc, Retry) and plan.get("retry_in") == exc.delay
+        if plan.get("retry_at") is not None or asked:
             when = f" (retry asked for: delay={plan.get('retry_in')} at={plan.get('retry_at')})"
         else:
             when = f", retry in {plan.get('retry_in', 0):.1f}s"
@@ -261,7 +339,7 @@ def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None
         logging.ERROR if state == "dead" else logging.WARNING,
         "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s.%s: %s",
         job.pk, job.type, lease.attempt, verb.get(state, state), outcome.duration, when,
-        cls.__module__, cls.__qualname__, exc, extra=extra,
+        cls.__module__, cls.__qualname__, log_text(exc), extra=extra,
     )  # fmt: skip
 
 

@@ -24,7 +24,8 @@ def record_effect(key: str, *, using: str | None = None) -> bool:
     the first's commit on the unique key, then gets False. It cannot cover a remote call (an
     e-mail, an HTTP request): nothing can roll that back or make it part of the transaction.
     """
-    validation.check_label("effect key", key, 255)
+    # An application's own key, never printed by the commands: any text goes.
+    validation.check_label("effect key", key, 255, allow_control=True)
     alias = using if using is not None else _open_alias()
     if not connections[alias].in_atomic_block:
         raise JobQueueError(

@@ -75,6 +75,11 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
 
 def get(key: str) -> Handler:
     """Return the handler registered under `key`, or raise UnknownHandlerError."""
+    if not isinstance(key, str):  # a list is not even hashable: say what is wrong
+        raise UnknownHandlerError(
+            f"A handler key is a string, such as 'shop.send_receipt', not "
+            f"{type(key).__name__} {key!r}."
+        )
     try:
         return _handlers[key]
     except KeyError:

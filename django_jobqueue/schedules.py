@@ -31,6 +31,7 @@ KEYS = {"handler", "task", "cron", "every", "timezone", "args", "queue", "group"
     "grace",
 }
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+MAX_EVERY = 366 * 86_400  # seconds: slots further apart are cron's job
 UTC_ZONE = zoneinfo.ZoneInfo("UTC")
 
 Clock = Callable[[], dt.datetime]
@@ -116,6 +117,8 @@ def parse(name: Any, raw: Any) -> Schedule:
 
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise bad("a schedule name must be a string of 1 to 200 characters.")
+    if validation.UNSAFE_CHARS.search(name) or "\x00" in name:
+        raise bad("a schedule name must not contain control characters.")
     if not isinstance(raw, dict):
         raise bad("must be a dict.")
     unknown = sorted(set(raw) - KEYS)
@@ -138,8 +141,13 @@ def parse(name: Any, raw: Any) -> Schedule:
     cron, every = raw.get("cron"), raw.get("every")
     if (cron is None) == (every is None):
         raise bad("give exactly one of 'cron' (a cron expression) and 'every' (seconds).")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise bad(f"'every' must be a whole number of seconds >= 1, not {every!r}.")
+    if every is not None and (
+        isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_EVERY
+    ):
+        raise bad(
+            f"'every' must be a whole number of seconds from 1 to {MAX_EVERY:,} (366 days; "
+            f"use 'cron' for rarer slots), not {every!r}."
+        )
     tz_name = raw.get("timezone", settings.TIME_ZONE or "UTC")
     if every is not None and "timezone" in raw:
         raise bad("'timezone' applies to 'cron' only ('every' counts seconds).")
@@ -166,7 +174,7 @@ def parse(name: Any, raw: Any) -> Schedule:
     ):
         raise bad(f"'grace' must be a positive number of seconds, not {grace!r}.")
     try:
-        args = validation.check_args(handler, raw.get("args", {}))
+        args = validation.check_args(handler, raw.get("args", {}), conf.get().max_args_bytes)
         queue = raw.get("queue")
         if queue is not None:
             validation.check_label("queue", queue, 100)

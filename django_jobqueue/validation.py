@@ -5,23 +5,47 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import InvalidArgumentsError, InvalidJobError
+from .exceptions import (
+    RETRY_AT_MAX,
+    RETRY_AT_MIN,
+    RETRY_DELAY_MAX,
+    InvalidArgumentsError,
+    InvalidJobError,
+)
 
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 ID_MAX = 2**63 - 1  # job ids are 64-bit
+# Objects and arrays nested in one JSON value, the outermost counted: MariaDB's JSON_VALID
+# (its JSON columns' CHECK constraint) refuses 32 or more, so args and results stop below that.
+MAX_JSON_DEPTH = 30
 FLOAT_EXACT = 1e16  # floats from here on are written with an exponent (see _first_unserializable)
 # run_after must lie in this range (UTC): every database stores it, and a date near the ends
 # of Python's range cannot overflow when converted between time zones.
-RUN_AFTER_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
-RUN_AFTER_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+RUN_AFTER_MIN, RUN_AFTER_MAX = RETRY_AT_MIN, RETRY_AT_MAX
 # A relative run_after (a timedelta) may reach this far from now, either way.
-DELAY_MAX = dt.timedelta(days=36525)
+DELAY_MAX = RETRY_DELAY_MAX
+
+
+# Characters a name must not hold, and that operator-facing output escapes: C0 and C1 control
+# characters and DEL (ESC, CR, BEL... drive the terminal: a name could clear the screen or
+# overwrite a line), the line and paragraph separators, and the bidirectional controls, which
+# reorder how the rest of a line is shown ("Trojan Source"). Other format characters (Cf), such
+# as the zero-width joiner of emoji and of Indic and Persian scripts, are allowed.
+UNSAFE_CHARS = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """Return `text` with the characters of UNSAFE_CHARS escaped (\\x1b, \\n, \\u202e)."""
+    return UNSAFE_CHARS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, Any]:
@@ -48,9 +72,9 @@ def check_args(key: str, args: Any, max_bytes: int | None = None) -> dict[str, A
 def json_problem(value: Any, path: str, max_bytes: int | None = None) -> str | None:
     """Why `value` cannot be stored in a JSON column (and read back equal), or None.
 
-    Checks what every database refuses (NUL, lone surrogates, NaN), what json.dumps refuses
-    (other types, integers over Python's 4,300-digit conversion limit, cycles, nesting too
-    deep to walk) and, with `max_bytes`, the size of the JSON text.
+    Checks what every database refuses (NUL, lone surrogates, NaN, more than MAX_JSON_DEPTH
+    levels of nesting), what json.dumps refuses (other types, integers over Python's
+    4,300-digit conversion limit, cycles) and, with `max_bytes`, the size of the JSON text.
     """
     try:
         problem = _first_unserializable(value, path)
@@ -77,7 +101,12 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def _first_unserializable(value: Any, path: str) -> str | None:
+def _first_unserializable(value: Any, path: str, depth: int = 1) -> str | None:
+    if isinstance(value, list | tuple | dict) and depth > MAX_JSON_DEPTH:
+        return (
+            f"{path} is nested too deeply (more than {MAX_JSON_DEPTH} levels of objects and "
+            "arrays, or it refers to itself)"
+        )
     if isinstance(value, str):
         problem = _text_problem(value)
         return f"{path} {problem}" if problem else None
@@ -99,7 +128,7 @@ def _first_unserializable(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            found = _first_unserializable(item, f"{path}[{i}]")
+            found = _first_unserializable(item, f"{path}[{i}]", depth + 1)
             if found:
                 return found
         return None
@@ -110,7 +139,7 @@ def _first_unserializable(value: Any, path: str) -> str | None:
             problem = _text_problem(k)
             if problem:
                 return f"{path} has a key {k!r} that {problem}"
-            found = _first_unserializable(item, f"{path}[{k!r}]")
+            found = _first_unserializable(item, f"{path}[{k!r}]", depth + 1)
             if found:
                 return found
         return None
@@ -150,8 +179,15 @@ def check_timeout(value: Any) -> float | None:
     return float(value)
 
 
-def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = False) -> str:
-    """Return `value` if it is a string that fits its column."""
+def check_label(
+    name: str,
+    value: Any,
+    max_length: int,
+    *,
+    allow_empty: bool = False,
+    allow_control: bool = False,
+) -> str:
+    """Return `value` if it is a string that fits its column (and, by default, prints safely)."""
     if not isinstance(value, str) or (not value and not allow_empty):
         raise InvalidJobError(f"{name} must be a non-empty string, not {value!r}.")
     if len(value) > max_length:
@@ -159,6 +195,12 @@ def check_label(name: str, value: Any, max_length: int, *, allow_empty: bool = F
     problem = _text_problem(value)
     if problem:
         raise InvalidJobError(f"{name} {problem}.")
+    unsafe = None if allow_control else UNSAFE_CHARS.search(value)
+    if unsafe:
+        raise InvalidJobError(
+            f"{name} must not contain control characters: {printable(value)!r} holds "
+            f"{printable(unsafe[0])} at position {unsafe.start()}."
+        )
     return value
 
 

@@ -134,6 +134,21 @@ def test_valid_values(raw: dict[str, Any]) -> None:
         ({"DEFAULT_QUEUE": ""}, "DEFAULT_QUEUE"),
         ({"DEFAULT_QUEUE": 5}, "DEFAULT_QUEUE"),
         ({"DEFAULT_QUEUE": "q" * 101}, "at most 100 characters"),  # the queue column's size
+        # Accepted once, then every enqueue (or every duty of the worker) failed:
+        ({"DEFAULT_QUEUE": "a\x00b"}, "NUL"),
+        ({"DEFAULT_QUEUE": "a\x1bb"}, "control characters"),
+        ({"POLL_INTERVAL": 9.3e9}, "at most 1,000,000 seconds"),
+        ({"LOCK_TIMEOUT": 1e12}, "LOCK_TIMEOUT'] must be at most 1,000,000 seconds"),
+        ({"LEASE_TTL": 1e12, "HEARTBEAT_INTERVAL": 10}, "LEASE_TTL'] must be at most"),
+        ({"RECLAIM_INTERVAL": 1e7}, "RECLAIM_INTERVAL'] must be at most"),
+        ({"FAIR_SHARE_REFRESH": 1e7}, "FAIR_SHARE_REFRESH'] must be at most"),
+        ({"SHUTDOWN_TIMEOUT": 1e7}, "SHUTDOWN_TIMEOUT"),
+        ({"RATE_LIMITS": {"g": "\u00b2/s"}}, "RATE_LIMITS']['g']"),
+        ({"RATE_LIMITS": {"g": "\u0663/s"}}, "RATE_LIMITS']['g']"),  # an Arabic-Indic 3
+        ({"RATE_LIMITS": {"g": f"{2**31}/s"}}, "a whole N from 1 to 2147483647"),
+        ({"RATE_LIMITS": {"g\x1b": "1/s"}}, "without control characters"),
+        ({"GROUP_LIMITS": {"g\r": 1}}, "no control characters"),
+        ({"QUEUE_LIMITS": {"q\u202e": 1}}, "no control characters"),
     ],
     ids=str,
 )
@@ -149,6 +164,15 @@ def test_invalid_values(raw: dict[str, Any], text: str) -> None:
 def test_setting_must_be_a_dict(raw: Any) -> None:
     with override_settings(JOBQUEUE=raw), pytest.raises(ImproperlyConfigured, match="dict"):
         conf.get()
+
+
+def test_the_upper_bounds_themselves_are_accepted() -> None:
+    top = conf.MAX_INTERVAL
+    loaded = conf.load(
+        {"LEASE_TTL": top, "HEARTBEAT_INTERVAL": top / 2, "POLL_INTERVAL": top,
+         "LOCK_TIMEOUT": top, "SHUTDOWN_TIMEOUT": top, "RATE_LIMITS": {"g": "2147483647/h"}}
+    )  # fmt: skip
+    assert (loaded.lease_ttl, loaded.lock_timeout) == (top, top)
 
 
 @given(

@@ -9,6 +9,7 @@ import zoneinfo
 from collections import Counter
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import django
 import pytest
@@ -96,6 +97,13 @@ def test_only_the_latest_due_slot_runs_and_skip_drops_it_when_late():
 # -- validation ----------------------------------------------------------------------------
 
 
+def _deep(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -113,16 +121,46 @@ def test_only_the_latest_due_slot_runs_and_skip_drops_it_when_late():
         ({"handler": "test.noop", "every": 5, "args": {"x": {1, 2}}}, "not JSON-serializable"),
         ({"handler": "test.noop", "every": 5, "queue": ""}, "queue must be a non-empty"),
         ({"every": 5}, "'handler'"),
+        # Passed E010 once, then failed at every slot:
+        ({"handler": "test.noop", "every": 10**12}, "from 1 to 31,622,400"),
+        ({"handler": "test.noop", "every": 5, "group": "g\x1b[2J"}, "control characters"),
+        ({"handler": "test.noop", "every": 5, "queue": "q\rHealthy."}, "control characters"),
+        (
+            {"handler": "test.noop", "every": 5, "args": {"s": "x" * 200}},
+            "over the limit of 100",  # MAX_ARGS_BYTES, set to 100 below
+        ),
+        (
+            {"handler": "test.noop", "every": 5, "args": {"d": _deep(30)}},
+            "more than 30 levels",
+        ),
     ],
 )
 def test_a_bad_schedule_is_a_system_check_error(settings, raw, message):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"bad": raw}}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_ARGS_BYTES": 100, "SCHEDULES": {"bad": raw}}
     errors = check_schedules()
     assert [e.id for e in errors] == ["django_jobqueue.E010"], errors
     assert "JOBQUEUE['SCHEDULES']['bad']" in errors[0].msg
     assert message in errors[0].msg
     with pytest.raises(ImproperlyConfigured, match="'bad'"):
         schedules.configured()
+
+
+def test_a_schedule_name_with_control_characters_is_a_system_check_error(settings):
+    raw = {"handler": "test.noop", "every": 5}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"a\x1b[2Jb": raw}}
+    errors = check_schedules()
+    assert [e.id for e in errors] == ["django_jobqueue.E010"], errors
+    assert "must not contain control characters" in errors[0].msg
+    assert "\x1b" not in errors[0].msg  # the name is shown escaped
+
+
+def test_the_longest_every_is_accepted(settings):
+    raw = {"handler": "test.noop", "every": schedules.MAX_EVERY}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"yearly": raw}}
+    assert check_schedules() == []
+    (found,) = schedules.configured()
+    now = dt.datetime(2030, 6, 1, tzinfo=dt.UTC)
+    assert now < found.next_after(now) <= now + dt.timedelta(seconds=schedules.MAX_EVERY)
 
 
 def test_valid_schedules_pass_the_checks(settings):

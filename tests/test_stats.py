@@ -260,3 +260,20 @@ def test_jobs_no_code_here_handles_are_listed_when_no_worker_is_live():
     call_command("jobqueue_stats", stdout=out)
     line = "1 ready or scheduled job(s) wait for a handler no code here registers: "
     assert line + "task:default:gone.module.func (1)" in out.getvalue(), out.getvalue()
+
+
+def test_names_with_control_characters_are_printed_escaped():
+    """Rows written before enqueue refused such names: a group cannot clear the screen or
+    print a line of its own (a fake "Healthy.") in the operator's terminal."""
+    Job.objects.create(type="test.noop", args={}, group_key="g\x1b[2J\x07", queue="q\rHealthy.")
+    Job.objects.create(type="test.noop", args={}, queue="bidi\u202eq")
+    out = StringIO()
+    call_command("jobqueue_stats", stdout=out)
+    text = out.getvalue()
+    assert not any(c in text for c in "\x1b\x07\r\u202e"), repr(text)
+    assert "g\\x1b[2J\\x07" in text
+    assert "q\\rHealthy." in text
+    assert "bidi\\u202eq" in text
+    out = StringIO()
+    call_command("jobqueue_stats", "--json", stdout=out)
+    assert json.loads(out.getvalue())["groups"]["g\x1b[2J\x07"]  # JSON escapes on its own

@@ -81,6 +81,29 @@ def test_a_dag_runs_upstream_first_inside_the_test_transaction() -> None:
     assert run_jobs().jobs == []  # nothing left
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["raised", "past-the-checks"])
+def test_a_bad_retry_argument_fails_its_job_and_run_jobs_goes_on(forced: bool) -> None:
+    """As in the worker: a bad Retry fails its own job; the next job still runs and is done."""
+    from tests.testapp.jobs import BAD_RETRIES
+
+    for kind in BAD_RETRIES:
+        bad = jobqueue.enqueue(
+            "test.bad_retry", {"kind": kind, "forced": forced}, max_attempts=2 if forced else 1
+        )
+        after = jobqueue.enqueue("test.add", {"a": 1, "b": 2}, priority=-1)
+
+        run_jobs()
+
+        bad.refresh_from_db()
+        after.refresh_from_db()
+        assert bad.state == Job.State.DEAD
+        if forced:
+            assert "could not be recorded as planned" in bad.errors[0]["message"]
+        else:
+            assert bad.errors[0]["type"] == "builtins.TypeError"
+        assert (after.state, after.result) == (Job.State.DONE, 3)
+
+
 def test_handlers_see_the_tests_uncommitted_rows() -> None:
     Order.objects.create(number="A-1")
     Order.objects.create(number="A-2")

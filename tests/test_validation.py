@@ -47,6 +47,19 @@ def _job_on_another_database() -> Job:
     return job
 
 
+def _nested(levels: int) -> Any:
+    """A JSON value of `levels` nested arrays."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _in_graph(build: Callable[[Any], Any]) -> None:
+    with jobqueue.graph() as g:
+        build(g)
+
+
 @dataclasses.dataclass
 class Env:
     """Rows the bad calls point at, created before the job count is taken."""
@@ -322,6 +335,48 @@ BAD_INPUT: list[tuple[str, Callable[[Env], Any], type[Exception], str]] = [
         InvalidDependencyError,
         "parent",
     ),
+    ("handler-a-list", lambda env: enqueue(["plain"]), UnknownHandlerError, "not list"),  # type: ignore[arg-type]
+    (
+        "handler-a-list-in-enqueue-many",
+        lambda env: jobqueue.enqueue_many([(["plain"], {})]),  # type: ignore[list-item]
+        UnknownHandlerError,
+        "not list",
+    ),
+    (
+        "handler-a-dict-in-a-graph",
+        lambda env: _in_graph(lambda g: g.add({"k": 1})),  # type: ignore[arg-type]
+        UnknownHandlerError,
+        "not dict",
+    ),
+    (
+        "args-nested-31-levels",
+        lambda env: enqueue("test.noop", {"d": _nested(30)}),
+        InvalidArgumentsError,
+        "more than 30 levels",
+    ),
+    ("group-esc", lambda env: enqueue("test.noop", group="a\x1b[2J"), InvalidJobError, "\\x1b"),
+    ("queue-cr", lambda env: enqueue("test.noop", queue="q\rHealthy."), InvalidJobError, "\\r"),
+    (
+        "unique-key-bel",
+        lambda env: enqueue("test.noop", unique_key="k\a"),
+        InvalidJobError,
+        "\\x07",
+    ),
+    ("group-newline", lambda env: enqueue("test.noop", group="a\nb"), InvalidJobError, "\\n"),
+    ("group-c1", lambda env: enqueue("test.noop", group="a\x9bb"), InvalidJobError, "\\x9b"),
+    ("group-bidi", lambda env: enqueue("test.noop", group="a\u202eb"), InvalidJobError, "\\u202e"),
+    (
+        "container-name-esc",
+        lambda env: jobqueue.container("box\x1b").__enter__(),
+        InvalidJobError,
+        "control characters",
+    ),
+    (
+        "graph-queue-esc",
+        lambda env: _in_graph(lambda g: g.add("test.noop", queue="q\x1b")),
+        InvalidJobError,
+        "control characters",
+    ),
     (
         "missing-dependency-after-a-valid-one",
         lambda env: enqueue("test.noop", depends_on=[env.ready], parent=env.missing),
@@ -569,6 +624,42 @@ def test_check_run_after() -> None:
     assert validation.check_run_after(None) is None
     assert validation.check_run_after(aware) is aware
     assert validation.check_run_after(dt.timedelta(seconds=5)) == dt.timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"at": "tomorrow"}, TypeError, "at must be an aware datetime, not str"),
+        ({"at": 12345}, TypeError, "at must be an aware datetime, not int"),
+        ({"at": dt.date(2030, 1, 1)}, TypeError, "not date"),
+        ({"at": dt.datetime(2030, 1, 1)}, ValueError, "timezone-aware"),
+        ({"at": dt.datetime(9999, 1, 1, tzinfo=dt.UTC)}, ValueError, "before 9000-01-01"),
+        ({"delay": decimal.Decimal("5")}, TypeError, "not Decimal"),
+        ({"delay": "5"}, TypeError, "not str"),
+        ({"delay": True}, TypeError, "not bool"),
+        ({"delay": math.nan}, ValueError, "not NaN"),
+        ({"delay": math.inf}, ValueError, "at most 36525 days"),
+        ({"delay": 10**400}, ValueError, "at most 36525 days"),
+        ({"delay": 4e9}, ValueError, "at most 36525 days"),
+        ({"delay": dt.timedelta.max}, ValueError, "at most 36525 days"),
+        ({"delay": -0.5}, ValueError, "must not be negative"),
+        ({"delay": -dt.timedelta(seconds=1)}, ValueError, "must not be negative"),
+        ({"reason": 42}, TypeError, "reason must be a string"),
+    ],
+)
+def test_retry_refuses_a_bad_argument_where_it_is_raised(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        jobqueue.Retry(**kwargs)
+
+
+def test_retry_keeps_good_arguments():
+    at = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert jobqueue.Retry(at=at).at is at
+    assert jobqueue.Retry(0).delay == 0.0
+    assert jobqueue.Retry(5).delay == 5.0
+    assert jobqueue.Retry(2.5).delay == 2.5
+    assert jobqueue.Retry(dt.timedelta(days=36525)).delay == 36525 * 86400
+    assert (jobqueue.Retry().delay, jobqueue.Retry().at) == (None, None)
 
 
 def test_retry_takes_a_delay_or_a_time_never_both_nor_a_negative_delay():

@@ -89,6 +89,12 @@ def test_help_lists_every_option():
         (["--prefetch", "lots"], "is not a whole number"),
         (["--worker-id", ""], "must be 1 to 255 characters"),
         (["--worker-id", "w" * 256], "must be 1 to 255 characters"),
+        (["--worker-id", "w\x1b[2J"], "must not contain control characters"),
+        (["--worker-id", "w\rHealthy."], "must not contain control characters"),
+        (["--poll-interval", "9.3e9"], "is over 1,000,000 seconds"),
+        (["--lease-ttl", "1e12"], "is over 1,000,000 seconds"),
+        (["--heartbeat-interval", "1e12"], "is over 1,000,000 seconds"),
+        (["--shutdown-timeout", "1e12"], "is over 1,000,000 seconds"),
     ],
 )
 def test_bad_option_values_are_refused_before_the_worker_starts(args, message):

@@ -131,3 +131,111 @@ def test_one_failing_job_does_not_hold_up_the_others(start_worker):
         assert done.state == Job.State.DONE
         assert done.result == 2 * i
     assert worker.stop() == 0
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["raised", "past-the-checks"])
+def test_bad_retry_argument_fails_its_job_and_the_worker_records_the_next(start_worker, forced):
+    """Retry(at="tomorrow"), Retry(at=12345), Retry(delay=Decimal("5")): raised, Retry refuses
+    them (the TypeError is the attempt's error); set past its checks, the completer cannot
+    write them and records a plain failure (backoff, then dead on the last attempt) instead.
+    Either way the worker goes on recording the next job's outcome."""
+    from tests.testapp.jobs import BAD_RETRIES
+
+    worker = start_worker("--concurrency", "1")
+    worker.wait_registered()
+    for kind in BAD_RETRIES:
+        # Retry's plan is used only with attempts left: a forced one needs two.
+        bad = jobqueue.enqueue(
+            "test.bad_retry", {"kind": kind, "forced": forced}, max_attempts=2 if forced else 1
+        )
+        dead = wait_for_job(bad.pk, *TERMINAL)
+        assert dead.state == Job.State.DEAD
+        assert dead.lease_owner is None
+        first = dead.errors[0]
+        if forced:
+            assert dead.attempts == 2
+            assert first["type"] == "django_jobqueue.exceptions.Retry"
+            assert "could not be recorded as planned" in first["message"]
+            assert f"forced {kind}" == dead.last_error["message"]
+            assert dead.started_at >= dead.run_after  # the second attempt waited for backoff
+        else:
+            assert dead.attempts == 1
+            assert first["type"] == "builtins.TypeError"
+            assert first["message"].startswith("Retry ")
+        after = jobqueue.enqueue("test.add", {"a": 1, "b": 2})
+        done = wait_for_job(after.pk, *TERMINAL)
+        assert (done.state, done.result) == (Job.State.DONE, 3)
+    assert worker.stop() == 0
+    log = worker.output()
+    if forced:
+        assert log.count("Could not record the outcome of job") == len(BAD_RETRIES)
+        assert "retry asked for" not in log  # the plain failure waits for the usual backoff
+    assert_clean_log(log, allow=("Could not record",) if forced else ())
+
+
+def test_args_and_results_nested_to_the_limit_round_trip_and_deeper_ones_are_refused(
+    start_worker,
+):
+    """30 levels are stored on every database; 31 are refused before the write (MariaDB's
+    JSON_VALID would refuse 32 with an IntegrityError): args at enqueue, a result by failing
+    its job with ResultNotStored, and the worker goes on."""
+    from django_jobqueue.exceptions import InvalidArgumentsError
+    from tests.test_validation import _nested
+
+    deepest = jobqueue.enqueue("test.noop", {"d": _nested(29)})  # with the args object: 30
+    deepest.refresh_from_db()
+    assert deepest.args == {"d": _nested(29)}
+    with pytest.raises(InvalidArgumentsError, match="more than 30 levels"):
+        jobqueue.enqueue("test.noop", {"d": _nested(30)})
+    kept = jobqueue.enqueue("test.deep_result", {"levels": 30})
+    refused = jobqueue.enqueue("test.deep_result", {"levels": 31}, max_attempts=3)
+    after = jobqueue.enqueue("test.add", {"a": 2, "b": 2}, priority=-1)
+    worker = start_worker("--concurrency", "1")
+    done = wait_for_job(kept.pk, *TERMINAL)
+    assert (done.state, done.result) == (Job.State.DONE, _nested(30))
+    dead = wait_for_job(refused.pk, *TERMINAL)
+    assert (dead.state, dead.attempts) == (Job.State.DEAD, 1)
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.ResultNotStored"
+    assert "more than 30 levels" in dead.last_error["message"]
+    assert wait_for_job(after.pk, *TERMINAL).result == 4
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+@pytest.mark.parametrize("kind", ["long", "lines", "broken-str"])
+def test_a_log_line_carries_a_bounded_one_line_message_whatever_the_exception(caplog, kind):
+    """A megabyte message, one that forges log lines, one whose __str__ raises: each failure
+    is one bounded line (the stored error keeps its own, longer, record)."""
+    import logging
+
+    from django_jobqueue.error_records import MAX_LOG_MESSAGE
+    from django_jobqueue.testing import run_jobs
+
+    job = jobqueue.enqueue("test.loud_error", {"kind": kind}, max_attempts=1)
+    with caplog.at_level(logging.WARNING, logger="django_jobqueue"):
+        run_jobs()
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
+    lines = [r.getMessage() for r in caplog.records if f"Job id={job.pk} " in r.getMessage()]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert "\n" not in line and "\r" not in line
+    assert len(line) < MAX_LOG_MESSAGE + 300  # the job's fields and the "cut" mark
+    assert "died after" in line
+    if kind == "long":
+        assert "[... 998,000 characters cut ...]" in line
+    if kind == "lines":
+        assert "first\\nJob id=1 type=test.add attempt=1 done\\n" in line
+    if kind == "broken-str":
+        assert "<BrokenStr whose str() failed>" in line
+        assert job.last_error["message"] == "<BrokenStr whose str() failed>"
+
+
+def test_log_text_escapes_control_characters_and_cuts():
+    from django_jobqueue.error_records import log_text
+
+    assert log_text(RuntimeError("a\x1b[2J\r\nb\x00\u202e\ud800")) == (
+        "a\\x1b[2J\\r\\nb\\x00\\u202e\\ud800"
+    )
+    assert log_text("é ok \u200d") == "é ok \u200d"  # letters and joiners stay as they are
+    assert log_text("\n" * 5000, limit=10) == "\\n" * 5 + "[... 4,990 characters cut ...]"

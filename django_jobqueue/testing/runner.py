@@ -19,8 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
-from django.db import DatabaseError, DataError, IntegrityError, NotSupportedError, transaction
-from django.db import ProgrammingError as DjangoProgrammingError
+from django.db import DatabaseError, transaction
 
 from .. import conf as conf_module
 from .. import execution, leases
@@ -39,8 +38,8 @@ __all__ = ["DEFAULT_MAX_RUNS", "RunReport", "RunawayJobsError", "run_jobs"]
 
 # Attempts one run_jobs() call makes at most, unless told otherwise.
 DEFAULT_MAX_RUNS = 1000
-# Errors that writing the same outcome again cannot cure (as the worker's completer has them).
-PERMANENT_ERRORS = (DataError, IntegrityError, DjangoProgrammingError, NotSupportedError)
+# Errors that writing the same outcome again cannot cure (the worker's completer's).
+PERMANENT_ERRORS = execution.PERMANENT_ERRORS
 
 
 class RunawayJobsError(JobQueueError):
@@ -213,7 +212,7 @@ def _record(
     dialect: Dialect, settings: JobQueueSettings, owner: str, outcome: execution.Outcome
 ) -> str | None:
     """Write an attempt's outcome as the worker's completer does; return the job's new state."""
-    from ..error_records import error_info
+    from ..error_records import log_text
 
     lease = outcome.flight.lease
     if outcome.succeeded:
@@ -222,7 +221,9 @@ def _record(
                 dialect, owner, [(lease.job_id, lease.attempt, outcome.text)]
             )
         except PERMANENT_ERRORS as exc:
-            logger.error("The database refused the result of job id=%s: %s", lease.job_id, exc)
+            logger.error(
+                "The database refused the result of job id=%s: %s", lease.job_id, log_text(exc)
+            )
             outcome.error = ResultNotStored(f"the database refused the result: {exc}")
             outcome.result = outcome.text = None
         else:
@@ -233,16 +234,7 @@ def _record(
                 execution.log_outcome(outcome, state)
             execution.send_outcome_signals(outcome, state)
             return state
-    assert outcome.error is not None
-    plan = execution.failure_plan(outcome, settings)
-    error = error_info(outcome.error, lease.attempt)
-    try:
-        state = leases.fail(dialect, lease, error, **plan)
-    except PERMANENT_ERRORS as exc:
-        logger.error("Could not store the error of job id=%s: %s", lease.job_id, exc)
-        error = {"type": error["type"], "message": "(could not be stored)", "traceback": "",
-                 "attempt": lease.attempt}  # fmt: skip
-        state = leases.fail(dialect, lease, error, **plan)
+    state, plan = execution.record_failure(dialect, outcome, settings)
     if state == leases.BUSY:
         raise _busy(lease.job_id)
     execution.log_outcome(outcome, state, plan)

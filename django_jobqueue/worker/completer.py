@@ -8,7 +8,9 @@ one (their history is read under the row's lock).
 A write that fails because the database is unreachable or busy is retried, with backoff, for
 as long as it takes: the attempt stays in the worker's registry meanwhile, so the heartbeat
 keeps its lease. A write that can never succeed (the database refuses the result) fails the
-attempt for good instead of letting the lease expire and the handler run again.
+attempt for good instead of letting the lease expire and the handler run again; a failure
+that cannot be written as planned is written as a plain failure (execution.record_failure).
+Either way that one outcome never holds back the others.
 """
 
 from __future__ import annotations
@@ -18,22 +20,18 @@ import queue as queue_module
 import time
 from collections.abc import Callable
 
-from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
-
 from .. import leases
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
-from ..error_records import error_info
+from ..error_records import log_text
 from ..exceptions import ResultNotStored
-from ..execution import Outcome, failure_plan, log_outcome, send_outcome_signals
+from ..execution import PERMANENT_ERRORS, Outcome, log_outcome, record_failure, send_outcome_signals
 from ..execution import logger as execution_logger
 from .duty import Duty
 from .flights import Flights
 
 logger = logging.getLogger(__name__)
 
-# Errors that repeating the same write cannot cure.
-PERMANENT_ERRORS = (DataError, IntegrityError, ProgrammingError, NotSupportedError)
 MAX_BATCH = 500
 
 
@@ -89,7 +87,7 @@ class Completer(Duty):
                     delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
                     logger.warning(
                         "Could not record %s outcome(s) yet (%s); retrying in %.2fs",
-                        len(self._pending), exc, delay,
+                        len(self._pending), log_text(exc), delay,
                     )  # fmt: skip
                     self.dialect.connection.close()
                     time.sleep(delay)
@@ -154,8 +152,9 @@ class Completer(Duty):
                 return busy
             outcome = outcomes[0]
             logger.error(
-                "The database refused the result of job id=%s: %s", outcome.flight.job.pk, exc
-            )
+                "The database refused the result of job id=%s: %s",
+                outcome.flight.job.pk, log_text(exc),
+            )  # fmt: skip
             outcome.error = ResultNotStored(f"the database refused the result: {exc}")
             outcome.result = outcome.text = None
             return [] if self._fail(outcome) else [outcome]
@@ -171,18 +170,9 @@ class Completer(Duty):
 
     def _fail(self, outcome: Outcome) -> bool:
         """Write a failed attempt; False when its row is locked elsewhere (try again later)."""
-        assert outcome.error is not None
-        plan = failure_plan(outcome, self.conf)
-        error = error_info(outcome.error, outcome.flight.lease.attempt)
-        try:
-            state = leases.fail(self.dialect, outcome.flight.lease, error, **plan)
-        except PERMANENT_ERRORS as exc:
-            # The error record itself cannot be stored: record a plain one instead.
-            self.dialect.connection.close()
-            logger.error("Could not store the error of job id=%s: %s", outcome.flight.job.pk, exc)
-            error = {"type": error["type"], "message": "(could not be stored)", "traceback": "",
-                     "attempt": outcome.flight.lease.attempt}  # fmt: skip
-            state = leases.fail(self.dialect, outcome.flight.lease, error, **plan)
+        state, plan = record_failure(
+            self.dialect, outcome, self.conf, on_refused=self.dialect.connection.close
+        )
         if state == leases.BUSY:
             return False
         log_outcome(outcome, state, plan)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,46 @@ def slow_to_check(marker: str) -> list[int]:
     """Return a result that takes the worker a while to check, after saying it returns."""
     Path(marker).write_text("returning")
     return [0] * 340_000
+
+
+# The bad Retry arguments a handler might pass: checked where Retry is raised.
+BAD_RETRIES: dict[str, dict[str, Any]] = {
+    "at_text": {"at": "tomorrow"},
+    "at_int": {"at": 12345},
+    "delay_decimal": {"delay": Decimal("5")},
+}
+
+
+@jobqueue.handler("test.bad_retry")
+def bad_retry(kind: str, forced: bool = False) -> None:
+    """Raise Retry with a bad argument; `forced` sets it past Retry's checks (a subclass might)."""
+    if not forced:
+        raise jobqueue.Retry(**BAD_RETRIES[kind])
+    retry = jobqueue.Retry(reason=f"forced {kind}")
+    for name, value in BAD_RETRIES[kind].items():
+        setattr(retry, name, value)
+    raise retry
+
+
+@jobqueue.handler("test.loud_error")
+def loud_error(kind: str) -> None:
+    """Fail with a message meant to flood or forge log lines, or that cannot even be shown."""
+    if kind == "long":
+        raise RuntimeError("x" * 1_000_000)
+    if kind == "lines":
+        raise RuntimeError("first\n" + "Job id=1 type=test.add attempt=1 done\n" * 1000)
+    raise BrokenStr()
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+@jobqueue.handler("test.deep_result")
+def deep_result(levels: int) -> list[Any]:
+    """Return `levels` nested arrays (MariaDB's JSON_VALID refuses 32 or more)."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value

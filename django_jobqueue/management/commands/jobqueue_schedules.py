@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobqueue import conf, schedules
+from django_jobqueue import conf, schedules, validation
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import ScheduleState
 
@@ -39,8 +39,10 @@ class Command(BaseCommand):
                 if schedule.every is not None
                 else f"cron '{schedule.cron}' ({schedule.timezone.key})"
             )
-            self.stdout.write(f"{schedule.name}: {schedule.handler}, {when}, "
-                              f"catch_up={schedule.catch_up}")  # fmt: skip
+            # Names from settings or the database must not drive the operator's terminal.
+            self.stdout.write(validation.printable(
+                f"{schedule.name}: {schedule.handler}, {when}, catch_up={schedule.catch_up}"
+            ))  # fmt: skip
             moment = now
             for _ in range(options["count"]):
                 moment = schedule.next_after(moment)

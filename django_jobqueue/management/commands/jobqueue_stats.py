@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobqueue import conf, stats
+from django_jobqueue import conf, stats, validation
 from django_jobqueue.dialects import get_dialect
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
@@ -144,7 +144,9 @@ def render(figures: dict[str, Any]) -> list[str]:
         lines += ["UNHEALTHY:"] + [f"  - {p}" for p in figures["problems"]]
     else:
         lines.append("Healthy.")
-    return lines
+    # Names come from the database: one holding ESC or CR (stored before enqueue refused
+    # them) must not drive the operator's terminal.
+    return [validation.printable(line) for line in lines]
 
 
 def _pairs(counts: dict[str, int]) -> str:

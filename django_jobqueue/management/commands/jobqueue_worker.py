@@ -14,11 +14,13 @@ from django.db import DatabaseError, InterfaceError
 from django.utils import autoreload
 
 from django_jobqueue import conf
+from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.exceptions import UnsupportedDatabaseError
+from django_jobqueue.validation import UNSAFE_CHARS
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, maximum: float | None = None) -> Any:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -26,6 +28,10 @@ def _positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is over {maximum:,.0f} seconds (about 11.6 days)"
+            )
         return value
 
     return parse
@@ -38,6 +44,10 @@ def _non_negative(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative (and finite)")
+    if value > MAX_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is over {MAX_INTERVAL:,.0f} seconds (about 11.6 days)"
+        )
     return value
 
 
@@ -47,6 +57,8 @@ def _worker_id(text: str) -> str:
         raise argparse.ArgumentTypeError("must be 1 to 255 characters")
     if "\x00" in text:
         raise argparse.ArgumentTypeError("must not contain a NUL character")
+    if UNSAFE_CHARS.search(text):  # it is printed in logs and by jobqueue_stats
+        raise argparse.ArgumentTypeError("must not contain control characters")
     return text
 
 
@@ -83,21 +95,21 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive(float),
+            type=_positive(float, MAX_INTERVAL),
             metavar="SECONDS",
             help="Seconds to wait between polls when idle, +-20%% jitter "
             "(default: JOBQUEUE['POLL_INTERVAL'], 1.0).",
         )
         parser.add_argument(
             "--lease-ttl",
-            type=_positive(float),
+            type=_positive(float, MAX_INTERVAL),
             metavar="SECONDS",
             help="Seconds a claim stays valid without a heartbeat; another "
             "worker reclaims it after (default: JOBQUEUE['LEASE_TTL'], 30).",
         )
         parser.add_argument(
             "--heartbeat-interval",
-            type=_positive(float),
+            type=_positive(float, MAX_INTERVAL),
             metavar="SECONDS",
             help="Seconds between lease renewals, at most half the lease TTL "
             "(default: JOBQUEUE['HEARTBEAT_INTERVAL'], 10).",
