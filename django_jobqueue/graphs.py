@@ -15,7 +15,6 @@ from django.db import connections, transaction
 from . import conf, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
-    BAD_UPSTREAM,
     CANCEL_FIELDS,
     JobRef,
     _build,
@@ -166,7 +165,7 @@ class Graph:
                 batch_size=1000,
             )
             mark_dependents(using, external_up)
-            if any(s in BAD_UPSTREAM for s in states.values()):
+            if any(s in Job.FAILED_STATES for s in states.values()):
                 # Fix: jobs downstream of an existing dead or cancelled job used to wait
                 # forever; they are cancelled in its name, as enqueue() does.
                 cancelled = workflows.cancel_blocked(
