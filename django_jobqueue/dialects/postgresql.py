@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 from django.db.models.expressions import RawSQL
 
+from ..models import Job, JobDependency, JobQuerySet
 from .base import Dialect, Finished, FinishReport
 from .functions import DbNow
 
 if TYPE_CHECKING:
     from ..claimed import ClaimedJob
-    from ..models import Job, JobQuerySet
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
 # lock_not_available (a lock wait ran into the worker's lock_timeout).
@@ -111,8 +111,6 @@ class PostgreSQLDialect(Dialect):
         # autovacuum must visit after 1% of the rows died rather than 20%, or dead rows pile
         # up in the ready index between visits. fillfactor applies to pages written from now
         # on (VACUUM FULL or pg_repack rewrite the old ones).
-        from ..models import Job, JobDependency
-
         job, edge = self.qn(Job._meta.db_table), self.qn(JobDependency._meta.db_table)
         return [
             f"ALTER TABLE {job} SET (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.01, "
@@ -125,8 +123,6 @@ class PostgreSQLDialect(Dialect):
     def promote(self, ids: Sequence[int]) -> set[str]:
         # One statement: the test for unfinished upstreams is a NOT EXISTS in the UPDATE,
         # the ids one array parameter, and the queues come back with RETURNING.
-        from ..models import Job, JobDependency
-
         job = self.qn(Job._meta.db_table)
         edge = self.qn(JobDependency._meta.db_table)
         now, _ = self.compile(DbNow())
@@ -148,8 +144,6 @@ class PostgreSQLDialect(Dialect):
     def insert_jobs(self, jobs: list[Job]) -> None:
         # One INSERT ... SELECT over a JSON document, instead of Django's bulk_create (whose
         # per-field preparation of every row was most of enqueue_many()'s time).
-        from ..models import Job
-
         found = self._insert_document(jobs)
         if found is None:
             return super().insert_jobs(jobs)
@@ -204,8 +198,6 @@ class PostgreSQLDialect(Dialect):
         lease_ttl: float,
         shape: Any = None,
     ) -> list[ClaimedJob]:
-        from ..models import Job
-
         inner, params = self.compile_claim(ready, limit, shape)
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
@@ -220,8 +212,6 @@ class PostgreSQLDialect(Dialect):
         return rows
 
     def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
-        from ..models import Job
-
         if not ids:
             return []
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
@@ -264,8 +254,6 @@ class PostgreSQLDialect(Dialect):
     def _finish_statement(
         self, owner: str, items: Sequence[tuple[int, int, str | None]], *, only_simple: bool
     ) -> list[Any]:
-        from ..models import Job
-
         table = self.qn(Job._meta.db_table)
         key = ("finish_sql", table, only_simple)
         if key not in self._sql_cache:

@@ -13,12 +13,12 @@ from django.db import DatabaseError, transaction
 from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 from django.db.models.expressions import RawSQL
 
+from ..models import Job, JobQuerySet
 from .base import Dialect
 from .functions import DbNow
 
 if TYPE_CHECKING:
     from ..claimed import ClaimedJob
-    from ..models import Job, JobQuerySet
 
 M = TypeVar("M", bound=Any)
 
@@ -86,8 +86,6 @@ class SQLiteDialect(Dialect):
         # One INSERT ... SELECT over a JSON document (json_each), instead of Django's
         # bulk_create, whose per-field preparation of every row was most of enqueue_many()'s
         # time. RETURNING needs SQLite 3.35.
-        from ..models import Job
-
         found = self._insert_document(jobs) if self.can_return_rows_from_update else None
         if found is None:
             return super().insert_jobs(jobs)
@@ -158,8 +156,6 @@ class SQLiteDialect(Dialect):
     ) -> list[ClaimedJob]:
         # One statement: the write lock is already held (BEGIN IMMEDIATE), so no other claim
         # can read these rows between the choice and the update.
-        from ..models import Job
-
         sets, set_params = self.claim_sets(owner, lease_ttl)
         table = self.qn(Job._meta.db_table)
         sql = f"UPDATE {table} SET {sets} WHERE {where} RETURNING {self.claim_columns()}"
