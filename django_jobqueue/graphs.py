@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from . import conf, signals, validation, wake, workflows
 from .dialects import get_dialect
@@ -254,11 +254,7 @@ def _ref_id(ref: JobRef) -> int:
 
 def _bulk_insert(using: str, jobs: list[Job]) -> None:
     """Insert `jobs`, setting their primary keys (one INSERT per 500 rows where possible)."""
-    if connections[using].features.can_return_rows_from_bulk_insert:
-        get_dialect(using).insert_jobs(jobs)
-    else:  # MySQL returns no ids from a multi-row INSERT: insert one by one
-        for job in jobs:
-            job.save(using=using, force_insert=True)
+    get_dialect(using).insert_jobs(jobs)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from django.core import checks
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
@@ -121,6 +122,10 @@ class Dialect:
     def check_server(self) -> None:
         """Raise UnsupportedDatabaseError if this server cannot run the queue."""
 
+    def system_checks(self) -> list[checks.CheckMessage]:
+        """Return the system check messages about this database's server and settings."""
+        return []
+
     def key_collation(self) -> str | None:
         """Return the collation under which key columns compare exactly, or None for the default.
 
@@ -142,7 +147,7 @@ class Dialect:
             value: Any = cursor.fetchone()[0]
         if isinstance(value, str):  # SQLite returns its clock as text
             value = dt.datetime.fromisoformat(value)
-        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see W003)
+        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see E003)
             value = value.replace(tzinfo=dt.UTC)
         moment: dt.datetime = value.astimezone(dt.UTC)
         return moment
@@ -347,6 +352,12 @@ class Dialect:
 
     def insert_jobs(self, jobs: list[Job]) -> None:
         """Insert unsaved `jobs` and set their primary keys (one statement where possible)."""
+        if not self.connection.features.can_return_rows_from_bulk_insert:
+            # MySQL (and SQLite before 3.35) return no ids from a multi-row INSERT, and
+            # bulk_create() then sets no primary keys: one INSERT per job.
+            for job in jobs:
+                job.save(using=self.using, force_insert=True)
+            return
         Job.objects.using(self.using).bulk_create(jobs, batch_size=500)
 
     def _insert_document(self, jobs: list[Job]) -> JobDocument | None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
+from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet
@@ -25,6 +26,25 @@ CHANNEL = "django_jobqueue"  # the LISTEN/NOTIFY channel; the payload is the que
 _TRIGGER_FUNCTION = "django_jobqueue_notify_ready"
 
 
+def isolation_level(settings_dict: dict[str, Any]) -> str | None:
+    """Return the isolation level configured in OPTIONS as SQL ('READ COMMITTED'), or None.
+
+    Takes a psycopg `IsolationLevel` member or its number (psycopg2's ISOLATION_LEVEL_*
+    constants), read as Django reads it, or a level's name.
+    """
+    level = settings_dict.get("OPTIONS", {}).get("isolation_level")
+    if level is None:
+        return None
+    if isinstance(level, str):
+        name = level.upper().replace("_", " ").removeprefix("ISOLATIONLEVEL.")
+        return " ".join(name.split())
+    # str() of an IntEnum member is its number from Python 3.11: read it by value.
+    try:
+        return IsolationLevel(level).name.replace("_", " ")
+    except ValueError:
+        return str(level)  # Django refuses it when it connects
+
+
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     can_return_rows_from_update = True
@@ -34,14 +54,13 @@ class PostgreSQLDialect(Dialect):
     def begin(self) -> None:
         # READ COMMITTED is PostgreSQL's default; pin it only when the project configured
         # another level, so each claim statement sees rows committed after the transaction began.
-        conn = self.connection
-        level = conn.settings_dict.get("OPTIONS", {}).get("isolation_level")
-        if level is not None and str(level).upper().replace("_", " ") not in (
-            "READ COMMITTED",
-            "IsolationLevel.READ COMMITTED",
-        ):
-            with conn.cursor() as cursor:
+        if not self._read_committed():
+            with self.connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def _read_committed(self) -> bool:
+        """Whether the connection's transactions run at READ COMMITTED unless told otherwise."""
+        return isolation_level(self.connection.settings_dict) in (None, "READ COMMITTED")
 
     def clock_sql(self) -> tuple[str, list[Any]]:
         # now() is the time the transaction began; a transaction that waited for a lock
@@ -305,11 +324,7 @@ class PostgreSQLDialect(Dialect):
     def autocommit_statements(self) -> bool:
         # Only at READ COMMITTED (PostgreSQL's default): at a stricter level configured for
         # the project, a claim must run in a transaction that pins READ COMMITTED first.
-        level = self.connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
-        return level is None or str(level).upper().replace("_", " ") in (
-            "READ COMMITTED",
-            "ISOLATIONLEVEL.READ COMMITTED",
-        )
+        return self._read_committed()
 
 
 class Listener:
