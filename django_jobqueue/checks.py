@@ -7,10 +7,11 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
 from django.utils.module_loading import import_string
 
 from . import conf
+from .dialects import get_dialect
+from .exceptions import UnsupportedDatabaseError
 
 
 @checks.register()
@@ -106,59 +107,11 @@ def _unhandled_work(using: str) -> list[checks.CheckMessage]:
 
 
 def _server_messages(using: str) -> list[checks.CheckMessage]:
-    connection: Any = connections[using]
-    if connection.vendor == "mysql":
-        from .dialects.mysql import version_error
-
-        connection.ensure_connection()
-        problem = version_error(connection.mysql_is_mariadb, connection.mysql_version)
-        if problem:
-            return [checks.Error(problem, id="django_jobqueue.E002")]
-        level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
-        if level is not None and str(level).lower() != "read committed":
-            return [
-                checks.Warning(
-                    f"Database {using!r} runs transactions at {level!r}: enqueue(), cancel() "
-                    "and retry() run in your transaction and need READ COMMITTED to see "
-                    "concurrent workers' commits.",
-                    hint="Remove 'isolation_level' from OPTIONS (Django's default is READ "
-                    "COMMITTED) or set it to 'read committed'.",
-                    id="django_jobqueue.W004",
-                )
-            ]
-    if connection.vendor == "sqlite":
-        return _sqlite_warnings(using)
-    return []
-
-
-def _sqlite_warnings(using: str) -> list[checks.CheckMessage]:
-    from .dialects.sqlite import SQLiteDialect
-
-    connection: Any = connections[using]
-    warnings: list[checks.CheckMessage] = []
-    if connection.is_in_memory_db():
-        return warnings
-    if SQLiteDialect(using).journal_mode() != "wal":
-        warnings.append(
-            checks.Warning(
-                f"SQLite database {using!r} is not in WAL mode: workers and your app will "
-                "block each other's reads.",
-                hint="Add 'init_command': 'PRAGMA journal_mode=WAL;' to its OPTIONS.",
-                id="django_jobqueue.W001",
-            )
-        )
-    if (connection.settings_dict.get("OPTIONS", {}).get("transaction_mode") or "").upper() != (
-        "IMMEDIATE"
-    ):
-        warnings.append(
-            checks.Warning(
-                f"SQLite database {using!r} starts transactions DEFERRED: a transaction that "
-                "reads and then enqueues can fail with 'database is locked' under load.",
-                hint="Add 'transaction_mode': 'IMMEDIATE' to its OPTIONS.",
-                id="django_jobqueue.W002",
-            )
-        )
-    return warnings
+    try:
+        dialect = get_dialect(using)
+    except UnsupportedDatabaseError:
+        return []  # the worker refuses to start, and says why
+    return dialect.system_checks()
 
 
 @checks.register()

@@ -105,7 +105,7 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
         if not found:
             raise InvalidJobError(f"Job {pk} does not exist.")
         row = found[0]
-        if row.state not in (Job.State.DEAD, Job.State.CANCELLED):
+        if row.state not in Job.FAILED_STATES:
             raise InvalidJobError(f"Job {pk} is {row.state}; only dead or cancelled jobs retry.")
         if row.is_container:
             raise InvalidJobError(f"Job {pk} is a container; retry its dead children instead.")
@@ -115,7 +115,7 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
                 f"{validation.INT_MAX - row.attempts} more fit its max_attempts column."
             )
         upstream = jobs.filter(downstream_edges__job_id=pk)
-        bad = upstream.filter(state__in=(Job.State.DEAD, Job.State.CANCELLED)).first()
+        bad = upstream.filter(state__in=Job.FAILED_STATES).first()
         if bad is not None:
             raise InvalidJobError(
                 f"Job {pk} waits on job {bad.pk}, which is {bad.state}: retry that."

@@ -16,10 +16,8 @@ from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
-from .workflows import UNFINISHED
 
 JobRef = Job | int
-BAD_UPSTREAM = (Job.State.DEAD, Job.State.CANCELLED)
 # The fields a cancellation writes, refreshed on a job that was cancelled as it was created.
 CANCEL_FIELDS = ["state", "finished_at", "cancelled_by", "last_error", "unique_slot"]
 
@@ -223,7 +221,7 @@ def _write(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )
             mark_dependents(using, upstream_ids)
-            if any(s in BAD_UPSTREAM for s in states.values()):
+            if any(s in Job.FAILED_STATES for s in states.values()):
                 # Fix: a job created downstream of a dead or cancelled job used to wait
                 # forever (nothing would ever cancel or promote it). It is cancelled at once
                 # in that job's name, as it would have been had it existed then, so that
@@ -386,12 +384,12 @@ def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
         ordered = sorted(frontier)
         after = set(
             jobs.filter(pk__in=ordered, parent_id__isnull=False)
-            .filter(parent__state__in=UNFINISHED)  # a join, not NOT IN over the table
+            .filter(parent__state__in=Job.UNFINISHED_STATES)  # a join, not NOT IN over the table
             .values_list("parent_id", flat=True)
         ) | set(
             JobDependency.objects.using(using)
             .filter(depends_on_id__in=ordered)
-            .filter(job__state__in=UNFINISHED)
+            .filter(job__state__in=Job.UNFINISHED_STATES)
             .values_list("job_id", flat=True)
         )
         frontier = after - seen

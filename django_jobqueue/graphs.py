@@ -10,12 +10,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from . import conf, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
-    BAD_UPSTREAM,
     CANCEL_FIELDS,
     JobRef,
     _build,
@@ -166,7 +165,7 @@ class Graph:
                 batch_size=1000,
             )
             mark_dependents(using, external_up)
-            if any(s in BAD_UPSTREAM for s in states.values()):
+            if any(s in Job.FAILED_STATES for s in states.values()):
                 # Fix: jobs downstream of an existing dead or cancelled job used to wait
                 # forever; they are cancelled in its name, as enqueue() does.
                 cancelled = workflows.cancel_blocked(
@@ -255,11 +254,7 @@ def _ref_id(ref: JobRef) -> int:
 
 def _bulk_insert(using: str, jobs: list[Job]) -> None:
     """Insert `jobs`, setting their primary keys (one INSERT per 500 rows where possible)."""
-    if connections[using].features.can_return_rows_from_bulk_insert:
-        get_dialect(using).insert_jobs(jobs)
-    else:  # MySQL returns no ids from a multi-row INSERT: insert one by one
-        for job in jobs:
-            job.save(using=using, force_insert=True)
+    get_dialect(using).insert_jobs(jobs)
 
 
 @contextmanager

@@ -57,8 +57,24 @@ class Job(models.Model):
         DEAD = "dead", _("dead")  # failed for good (terminal)
         CANCELLED = "cancelled", _("cancelled")  # cancelled before it finished (terminal)
 
+    # Held by a worker's lease: in flight.
     LEASED_STATES: ClassVar[tuple[str, ...]] = (State.LEASED, State.RUNNING)
+    # Final: nothing runs the job again unless it is retried.
     TERMINAL_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.DEAD, State.CANCELLED)
+    # Final without a result: a job that depends on one can never run (it is cancelled).
+    FAILED_STATES: ClassVar[tuple[str, ...]] = (State.DEAD, State.CANCELLED)
+    # Not final yet, in State order (the order of the stats' and the overview's columns).
+    UNFINISHED_STATES: ClassVar[tuple[str, ...]] = (
+        State.WAITING,
+        State.SCHEDULED,
+        State.READY,
+        State.LEASED,
+        State.RUNNING,
+    )
+    # Not claimed yet: no worker holds them.
+    PENDING_STATES: ClassVar[tuple[str, ...]] = (State.WAITING, State.SCHEDULED, State.READY)
+    # Will run with nothing else to finish first: now, or once run_after has passed.
+    RUNNABLE_STATES: ClassVar[tuple[str, ...]] = (State.SCHEDULED, State.READY)
 
     type = KeyField(_("handler key"), max_length=200)
     args = models.JSONField(_("arguments"), default=dict)

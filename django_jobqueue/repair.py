@@ -76,11 +76,12 @@ def release_lease(job: Job | int) -> str:
 
 def _deletable(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """Narrow `jobs` to finished ones that no unfinished job needs, nor still has children."""
-    unfinished = workflows.UNFINISHED
-    needed = JobDependency.objects.filter(depends_on_id=OuterRef("pk"), job__state__in=unfinished)
+    needed = JobDependency.objects.filter(
+        depends_on_id=OuterRef("pk"), job__state__in=Job.UNFINISHED_STATES
+    )
     child = Job.objects.filter(parent_id=OuterRef("pk"))
     # A subquery, not a join: rows are locked FOR UPDATE, which an outer join forbids.
-    open_parent = Job.objects.filter(pk=OuterRef("parent_id"), state__in=unfinished)
+    open_parent = Job.objects.filter(pk=OuterRef("parent_id"), state__in=Job.UNFINISHED_STATES)
     return (
         jobs.filter(state__in=Job.TERMINAL_STATES)
         .exclude(Exists(needed))
@@ -135,7 +136,7 @@ def _why_kept(using: str, ids: list[int]) -> dict[int, str]:
         else:
             needer = (
                 JobDependency.objects.using(using)
-                .filter(depends_on_id=pk, job__state__in=workflows.UNFINISHED)
+                .filter(depends_on_id=pk, job__state__in=Job.UNFINISHED_STATES)
                 .values_list("job_id", flat=True)
                 .first()
             )

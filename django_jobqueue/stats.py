@@ -13,17 +13,14 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncMinute
-from django.utils.dateparse import parse_datetime
 
 from . import registry
 from .dialects import Dialect
 from .dialects.base import seconds
-from .dialects.functions import DbNow
 from .models import Job, Worker
 
-UNFINISHED = [s for s in Job.State.values if s not in Job.TERMINAL_STATES]
 DEFAULT_MINUTES = 5  # throughput window
 DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check fails
 DEFAULT_MAX_EXPIRED = 0  # leases left expired past a lease TTL before --check fails
@@ -35,18 +32,6 @@ class Thresholds:
 
     max_age: float = DEFAULT_MAX_AGE
     max_expired: int = DEFAULT_MAX_EXPIRED
-
-
-def _now(dialect: Dialect) -> dt.datetime:
-    """The database's current time (aware, UTC)."""
-    sql, params = dialect.compile(DbNow())
-    with dialect.connection.cursor() as cursor:
-        cursor.execute(f"SELECT {sql}", params)
-        (raw,) = cursor.fetchone()
-    now = parse_datetime(raw) if isinstance(raw, str) else raw  # SQLite returns text
-    if now is None:
-        raise ValueError(f"the database clock returned {raw!r}")
-    return now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
 
 
 def collect(
@@ -72,25 +57,21 @@ def collect(
     """
     using = dialect.using
     jobs = Job.objects.using(using)
-    now = _now(dialect)
+    now = dialect.now()
 
     states = dict.fromkeys(Job.State.values, 0)
     for state, count in jobs.order_by().values_list("state").annotate(n=Count("pk")):
         states[state] = count
 
-    unfinished = jobs.filter(state__in=UNFINISHED).order_by()
-    queues: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(UNFINISHED, 0))
+    unfinished = jobs.filter(state__in=Job.UNFINISHED_STATES).order_by()
+    queues: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(Job.UNFINISHED_STATES, 0))
     for queue, state, count in unfinished.values_list("queue", "state").annotate(n=Count("pk")):
         queues[queue][state] = count
-    groups: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(UNFINISHED, 0))
+    groups: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(Job.UNFINISHED_STATES, 0))
     for group, state, count in unfinished.values_list("group_key", "state").annotate(n=Count("pk")):
         groups[group][state] = count
 
-    # A ready row is written when it becomes ready (inserted, promoted, released, retried)
-    # and not again until claimed: its updated_at is when it began to wait.
-    ready = jobs.filter(state=Job.State.READY)
-    oldest = ready.aggregate(oldest=Min("updated_at"))["oldest"]
-    oldest_age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
+    oldest = oldest_ready(jobs, now)
 
     leased = jobs.filter(lease_expires__isnull=False)
     leases = leased.aggregate(
@@ -129,7 +110,7 @@ def collect(
         "states": states,
         "queues": {q: queues[q] for q in sorted(queues)},
         "groups": {g: groups[g] for g in sorted(groups)},
-        "oldest_ready_age": oldest_age,
+        "oldest_ready_age": oldest[1] if oldest is not None else None,
         "leases": leases,
         "workers": {"live": len(live), "stale": len(workers) - len(live)},
         "unserved_queues": unserved,
@@ -144,6 +125,24 @@ def collect(
     return stats
 
 
+def oldest_ready(jobs: QuerySet[Job], now: dt.datetime) -> tuple[int, float] | None:
+    """Return (id, seconds waited by the clock `now`) of the longest-waiting ready job, or None.
+
+    `now` is the database clock (`Dialect.now()`), by which the workers measure time too.
+    """
+    # A ready row is written when it becomes ready (inserted, promoted, released, retried)
+    # and not again until claimed: its updated_at is when it began to wait.
+    row = (
+        jobs.filter(state=Job.State.READY)
+        .order_by("updated_at", "pk")
+        .values_list("pk", "updated_at")
+        .first()
+    )
+    if row is None:
+        return None
+    return row[0], max(0.0, (now - row[1]).total_seconds())
+
+
 def unhandled(jobs: QuerySet[Job], live_handlers: list[list[str]] | None) -> dict[str, int]:
     """Count the ready and scheduled jobs, by type, that no live worker has a handler for.
 
@@ -156,7 +155,7 @@ def unhandled(jobs: QuerySet[Job], live_handlers: list[list[str]] | None) -> dic
         known = set(registry.keys())
     else:
         known = {h for hs in live_handlers for h in hs or []}
-    runnable = jobs.filter(state__in=(Job.State.READY, Job.State.SCHEDULED)).order_by()
+    runnable = jobs.filter(state__in=Job.RUNNABLE_STATES).order_by()
     return dict(
         runnable.exclude(type__in=sorted(known))
         .values_list("type")

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, Value, When
 
 from . import wake
 from .dialects import Dialect
@@ -23,16 +22,6 @@ from .dialects.functions import DbNow
 from .models import Job, JobDependency
 
 terminal_values = terminal_columns
-NOT_DONE = [state for state in Job.State.values if state != Job.State.DONE]
-UNFINISHED = [state for state in Job.State.values if state not in Job.TERMINAL_STATES]
-
-
-def runnable_state() -> Case:
-    """The state of a job that may run once `run_after` has passed: `scheduled` or `ready`."""
-    return Case(
-        When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),
-        default=Value(Job.State.READY),
-    )
 
 
 def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
@@ -298,7 +287,6 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
     """
     jobs = Job.objects.using(dialect.using)
     edges = JobDependency.objects.using(dialect.using)
-    bad_states = (Job.State.DEAD, Job.State.CANCELLED)
     pending = set(ids)
     cancelled: set[int] = set()
     while pending:
@@ -307,7 +295,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
             edges.filter(
                 job_id__in=sorted(pending),
                 job__state=Job.State.WAITING,
-                depends_on__state__in=bad_states,
+                depends_on__state__in=Job.FAILED_STATES,
             )
             .order_by("job_id", "depends_on_id")
             .values_list(
@@ -318,7 +306,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
                 "depends_on__cancelled_by__state",
             )
         ):
-            if cause_id is not None and cause_state in bad_states:
+            if cause_id is not None and cause_state in Job.FAILED_STATES:
                 blocked.setdefault(job_id, (cause_id, cause_state))
             else:
                 blocked.setdefault(job_id, (up_id, up_state))
@@ -355,7 +343,7 @@ def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
         )
         if row is None:
             return
-        if row[0] not in (Job.State.DEAD, Job.State.CANCELLED):
+        if row[0] not in Job.FAILED_STATES:
             # Still open: a child of it came back (re-opened or revived); count it again.
             reopen_counts(dialect, container_id)
             return

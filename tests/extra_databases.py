@@ -1,4 +1,4 @@
-"""A temporary extra database alias (an SQLite file) next to the database under test.
+"""Temporary extra database aliases: an SQLite file, or a second connection to the test database.
 
 SQLite ships with Python, so an extra SQLite alias is available whatever DATABASE_URL names:
 tests that need a second alias (a transaction open on another database, a queue database the
@@ -25,12 +25,27 @@ def sqlite_alias(
     alias: str, path: Path, *, options: dict[str, Any] | None = None, migrate: bool = False
 ) -> Iterator[str]:
     """Make `alias` an SQLite database stored at `path` for the duration of the block."""
-    assert alias not in settings.DATABASES, alias
     config: dict[str, Any] = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(path),
         "OPTIONS": dict(options or {}),
     }
+    with _alias(alias, config, migrate=migrate):
+        yield alias
+
+
+@contextmanager
+def second_connection(alias: str, *, options: dict[str, Any]) -> Iterator[str]:
+    """Make `alias` another connection to the database under test, with `options` added."""
+    default = settings.DATABASES[DEFAULT_DB_ALIAS]
+    config = {**default, "OPTIONS": {**default.get("OPTIONS", {}), **options}}
+    with _alias(alias, config, migrate=False):
+        yield alias
+
+
+@contextmanager
+def _alias(alias: str, config: dict[str, Any], *, migrate: bool) -> Iterator[None]:
+    assert alias not in settings.DATABASES, alias
     # Fill in the defaults Django adds to every alias (ATOMIC_REQUESTS, TEST, ...) in place.
     connections.configure_settings(
         {DEFAULT_DB_ALIAS: settings.DATABASES[DEFAULT_DB_ALIAS], alias: config}
@@ -45,7 +60,7 @@ def sqlite_alias(
         connections[alias].connect()
         if migrate:
             call_command("migrate", database=alias, verbosity=0, interactive=False)
-        yield alias
+        yield
     finally:
         with suppress(AttributeError):
             connections[alias].close()

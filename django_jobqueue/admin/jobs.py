@@ -272,7 +272,7 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     """The buttons a job's page offers: the actions that apply to the job in its state."""
     if not can_change:
         return []
-    if job.state in (Job.State.DEAD, Job.State.CANCELLED) and not job.is_container:
+    if job.state in Job.FAILED_STATES and not job.is_container:
         return [("retry_jobs", "Retry")]
     if job.state in Job.LEASED_STATES:
         if repair.owner_alive(job.lease_owner):  # releasing would run the job twice

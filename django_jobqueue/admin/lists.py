@@ -97,7 +97,7 @@ class DeadStateFilter(filters.StateFilter):
     """Dead or cancelled."""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [(s, s) for s in (Job.State.DEAD, Job.State.CANCELLED)]
+        return [(s, s) for s in Job.FAILED_STATES]
 
 
 @admin.register(DeadJob)
@@ -113,7 +113,7 @@ class DeadJobAdmin(_JobListAdmin):
         queryset = (
             super()
             .get_queryset(request)
-            .filter(state__in=(Job.State.DEAD, Job.State.CANCELLED), finished_at__isnull=False)
+            .filter(state__in=Job.FAILED_STATES, finished_at__isnull=False)
         )
         return self.list_queryset(queryset)
 

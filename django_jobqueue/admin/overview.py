@@ -8,15 +8,15 @@ from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 
+from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
-from ..stats import unhandled
+from ..stats import oldest_ready, unhandled
 from . import display
 from .base import JobPagesAdmin
 
@@ -32,11 +32,11 @@ def stats() -> dict[str, Any]:
     the page costs the same with a million finished rows as with none.
     """
     jobs = Job.objects.all()
-    now = timezone.now()
+    now = get_dialect(jobs.db).now()
     queues: dict[str, dict[str, int]] = {}
     for queue, state, count in unfinished(jobs):
         queues.setdefault(queue, {})[state] = count
-    live_states = [s for s in Job.State.values if s not in Job.TERMINAL_STATES]
+    live_states = Job.UNFINISHED_STATES
     finished = []
     for state in Job.TERMINAL_STATES:
         recent = jobs.filter(state=state, finished_at__isnull=False)
@@ -48,8 +48,7 @@ def stats() -> dict[str, Any]:
                 "url": _list(state=state),
             }
         )
-    oldest_id = jobs.filter(state=Job.State.READY).aggregate(oldest=Min("pk"))["oldest"]
-    oldest = jobs.filter(pk=oldest_id).values_list("created_at", "run_after").first()
+    oldest = oldest_ready(jobs, now)
     workers = Worker.objects.annotate(now=DbNow()).values_list("expires_at", "now", "handlers")
     live_handlers = [hs for expires, at, hs in workers if expires and expires > at]
     waiting = unhandled(jobs, live_handlers if live_handlers else None)
@@ -66,9 +65,9 @@ def stats() -> dict[str, Any]:
         ],
         "totals": [sum(counts.get(s, 0) for counts in queues.values()) for s in live_states],
         "finished": finished,
-        "oldest_ready": display.age(max(filter(None, oldest)), now) if oldest else None,
-        "oldest_ready_url": reverse("admin:django_jobqueue_job_change", args=[oldest_id])
-        if oldest_id
+        "oldest_ready": display.duration(oldest[1]) if oldest else None,
+        "oldest_ready_url": reverse("admin:django_jobqueue_job_change", args=[oldest[0]])
+        if oldest
         else None,
         "dead_last_hour": finished[1]["hour"],  # TERMINAL_STATES: done, dead, cancelled
         "expired_leases": jobs.expired().count(),
@@ -98,7 +97,7 @@ def unfinished(jobs: QuerySet[Job]) -> list[tuple[str, str, int]]:
     as its state.
     """
     rows: list[tuple[str, str, int]] = []
-    for state in (Job.State.WAITING, Job.State.SCHEDULED, Job.State.READY):
+    for state in Job.PENDING_STATES:
         counts = jobs.filter(state=state).values_list("queue").annotate(n=Count("pk"))
         rows.extend((queue, str(state), n) for queue, n in counts.order_by())
     leased = jobs.filter(lease_expires__isnull=False).values_list("queue", "state")

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.db import connections
 
 from ..exceptions import UnsupportedDatabaseError
-from .base import Dialect, TransientDatabaseError
+
+if TYPE_CHECKING:
+    from .base import Dialect, TransientDatabaseError
 
 __all__ = ["Dialect", "TransientDatabaseError", "get_dialect"]
+
+
+def __getattr__(name: str) -> Any:
+    # The dialects import the models, and the models import this package's fields, functions
+    # and indexes: loading base only when a name of it is asked for keeps that no circle.
+    if name in ("Dialect", "TransientDatabaseError"):
+        from . import base
+
+        value = getattr(base, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_dialect(using: str) -> Dialect:

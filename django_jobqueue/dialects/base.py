@@ -17,19 +17,29 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from django.core import checks
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, Expression, F, Field, QuerySet, TextField, Value, When
+from django.db.models import (
+    Case,
+    DateTimeField,
+    Expression,
+    F,
+    Field,
+    JSONField,
+    QuerySet,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 
 from ..claimed import CLAIM_FIELDS, ClaimedJob
+from ..models import Job, JobDependency, JobQuerySet
 from .functions import DbNow
-
-if TYPE_CHECKING:
-    from ..models import Job, JobQuerySet
 
 logger = logging.getLogger(__name__)
 ARGS = CLAIM_FIELDS.index("args")
@@ -112,6 +122,10 @@ class Dialect:
     def check_server(self) -> None:
         """Raise UnsupportedDatabaseError if this server cannot run the queue."""
 
+    def system_checks(self) -> list[checks.CheckMessage]:
+        """Return the system check messages about this database's server and settings."""
+        return []
+
     def key_collation(self) -> str | None:
         """Return the collation under which key columns compare exactly, or None for the default.
 
@@ -133,7 +147,7 @@ class Dialect:
             value: Any = cursor.fetchone()[0]
         if isinstance(value, str):  # SQLite returns its clock as text
             value = dt.datetime.fromisoformat(value)
-        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see W003)
+        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see E003)
             value = value.replace(tzinfo=dt.UTC)
         moment: dt.datetime = value.astimezone(dt.UTC)
         return moment
@@ -281,8 +295,6 @@ class Dialect:
 
     def compile(self, expression: Any) -> tuple[str, list[Any]]:
         """Return the SQL and parameters of an ORM expression on this database."""
-        from ..models import Job
-
         query = Query(Job)
         compiler = query.get_compiler(using=self.using)
         sql, params = compiler.compile(expression.resolve_expression(query))
@@ -318,8 +330,6 @@ class Dialect:
         They become `ready`, or `scheduled` when their `run_after` lies ahead. Returns the
         queues of the jobs promoted. Portable version: the blocked ones, then an UPDATE.
         """
-        from ..models import Job, JobDependency
-
         not_done = [s for s in Job.State.values if s != Job.State.DONE]
         blocked = set(
             JobDependency.objects.using(self.using)
@@ -342,8 +352,12 @@ class Dialect:
 
     def insert_jobs(self, jobs: list[Job]) -> None:
         """Insert unsaved `jobs` and set their primary keys (one statement where possible)."""
-        from ..models import Job
-
+        if not self.connection.features.can_return_rows_from_bulk_insert:
+            # MySQL (and SQLite before 3.35) return no ids from a multi-row INSERT, and
+            # bulk_create() then sets no primary keys: one INSERT per job.
+            for job in jobs:
+                job.save(using=self.using, force_insert=True)
+            return
         Job.objects.using(self.using).bulk_create(jobs, batch_size=500)
 
     def _insert_document(self, jobs: list[Job]) -> JobDocument | None:
@@ -355,10 +369,6 @@ class Dialect:
         A column that holds the same value in every job travels once, as a parameter: most
         columns of a bulk enqueue do, and the database then parses a fraction of the JSON.
         """
-        from django.db.models import DateTimeField, JSONField
-
-        from ..models import Job
-
         fields = [
             f
             for f in Job._meta.concrete_fields
@@ -440,8 +450,6 @@ class Dialect:
 
     def claim_columns(self, prefix: str = "") -> str:
         """The columns a claim returns (CLAIM_FIELDS), for raw SQL."""
-        from ..models import Job
-
         return ", ".join(prefix + self.qn(str(f.column)) for f in _claim_fields(Job))
 
     def load_claimed(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
@@ -449,8 +457,6 @@ class Dialect:
 
         Django's own converters are applied, so values are what the ORM would give.
         """
-        from ..models import Job
-
         conn = self.connection
         key = ("load_claimed", id(conn))
         if key not in self._loaders:
@@ -501,8 +507,6 @@ class Dialect:
 
     def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
         """Mark the locked jobs `ids` running under a new lease of `owner`; return them."""
-        from ..models import Job
-
         if not ids:
             return []
         rows = Job.objects.using(self.using).filter(pk__in=ids).values_list(*CLAIM_FIELDS)
@@ -514,8 +518,6 @@ class Dialect:
         return [ClaimedJob(self.using, row) for row in rows]
 
     def _mark(self, jobs: list[ClaimedJob], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
-        from ..models import Job
-
         if not jobs:
             return []
         Job.objects.using(self.using).filter(pk__in=[j.id for j in jobs]).update(
@@ -547,8 +549,6 @@ class Dialect:
         job whose cancellation was requested ends `cancelled` and its result is discarded.
         Portable version: a locking read, then one UPDATE per final state.
         """
-        from ..models import Job
-
         jobs = Job.objects.using(self.using)
         wanted = {job_id: attempt for job_id, attempt, _ in items}
         fence = jobs.filter(pk__in=list(wanted), lease_owner=owner, state__in=Job.LEASED_STATES)
@@ -588,8 +588,6 @@ class Dialect:
         self, report: FinishReport, wanted: dict[int, int], mine: set[int], owner: str
     ) -> None:
         """File the jobs of `wanted` not in `mine` as busy (locked elsewhere) or lost."""
-        from ..models import Job
-
         missing = sorted(set(wanted) - mine)
         if not missing:
             return
@@ -623,8 +621,6 @@ class Dialect:
         that attempt records a lease error with its number; so a final row with this attempt,
         this owner last, and no error of this attempt was finished by this lease.
         """
-        from ..models import Job
-
         rows = (
             Job.objects.using(self.using)
             .filter(pk__in=list(wanted), state__in=(Job.State.DONE, Job.State.CANCELLED))

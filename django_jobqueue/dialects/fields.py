@@ -6,10 +6,10 @@ from typing import Any
 
 from django.db import migrations, models
 
+from . import get_dialect
+
 
 def _key_collation(connection: Any) -> str | None:
-    from . import get_dialect
-
     return get_dialect(connection.alias).key_collation()
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.core import checks
 from django.db import DatabaseError
 from django.db.models import Expression, F, Func, JSONField, Value
 
@@ -52,6 +53,28 @@ class MySQLDialect(Dialect):
                 f"Table django_jobqueue_job uses the {row[0]} engine; row locks and "
                 "SKIP LOCKED need InnoDB (ALTER TABLE django_jobqueue_job ENGINE=InnoDB)."
             )
+
+    def system_checks(self) -> list[checks.CheckMessage]:
+        conn: Any = self.connection
+        conn.ensure_connection()
+        problem = version_error(conn.mysql_is_mariadb, conn.mysql_version)
+        if problem:
+            return [checks.Error(problem, id="django_jobqueue.E002")]
+        # The worker pins READ COMMITTED for its own transactions (see begin()); the
+        # project's transactions, which enqueue(), cancel() and retry() run in, keep theirs.
+        level = conn.settings_dict.get("OPTIONS", {}).get("isolation_level")
+        if level is not None and str(level).lower() != "read committed":
+            return [
+                checks.Warning(
+                    f"Database {self.using!r} runs transactions at {level!r}: enqueue(), "
+                    "cancel() and retry() run in your transaction and need READ COMMITTED to "
+                    "see concurrent workers' commits.",
+                    hint="Remove 'isolation_level' from OPTIONS (Django's default is READ "
+                    "COMMITTED) or set it to 'read committed'.",
+                    id="django_jobqueue.W004",
+                )
+            ]
+        return []
 
     def key_collation(self) -> str:
         # The server's default *_ci collations ignore case and accents, and utf8mb4_bin pads

@@ -9,20 +9,40 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
+from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
+from ..models import Job, JobDependency, JobQuerySet
 from .base import Dialect, Finished, FinishReport
 from .functions import DbNow
 
 if TYPE_CHECKING:
     from ..claimed import ClaimedJob
-    from ..models import Job, JobQuerySet
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
 # lock_not_available (a lock wait ran into the worker's lock_timeout).
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}
 CHANNEL = "django_jobqueue"  # the LISTEN/NOTIFY channel; the payload is the queue's name
 _TRIGGER_FUNCTION = "django_jobqueue_notify_ready"
+
+
+def isolation_level(settings_dict: dict[str, Any]) -> str | None:
+    """Return the isolation level configured in OPTIONS as SQL ('READ COMMITTED'), or None.
+
+    Takes a psycopg `IsolationLevel` member or its number (psycopg2's ISOLATION_LEVEL_*
+    constants), read as Django reads it, or a level's name.
+    """
+    level = settings_dict.get("OPTIONS", {}).get("isolation_level")
+    if level is None:
+        return None
+    if isinstance(level, str):
+        name = level.upper().replace("_", " ").removeprefix("ISOLATIONLEVEL.")
+        return " ".join(name.split())
+    # str() of an IntEnum member is its number from Python 3.11: read it by value.
+    try:
+        return IsolationLevel(level).name.replace("_", " ")
+    except ValueError:
+        return str(level)  # Django refuses it when it connects
 
 
 class PostgreSQLDialect(Dialect):
@@ -34,14 +54,13 @@ class PostgreSQLDialect(Dialect):
     def begin(self) -> None:
         # READ COMMITTED is PostgreSQL's default; pin it only when the project configured
         # another level, so each claim statement sees rows committed after the transaction began.
-        conn = self.connection
-        level = conn.settings_dict.get("OPTIONS", {}).get("isolation_level")
-        if level is not None and str(level).upper().replace("_", " ") not in (
-            "READ COMMITTED",
-            "IsolationLevel.READ COMMITTED",
-        ):
-            with conn.cursor() as cursor:
+        if not self._read_committed():
+            with self.connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def _read_committed(self) -> bool:
+        """Whether the connection's transactions run at READ COMMITTED unless told otherwise."""
+        return isolation_level(self.connection.settings_dict) in (None, "READ COMMITTED")
 
     def clock_sql(self) -> tuple[str, list[Any]]:
         # now() is the time the transaction began; a transaction that waited for a lock
@@ -111,8 +130,6 @@ class PostgreSQLDialect(Dialect):
         # autovacuum must visit after 1% of the rows died rather than 20%, or dead rows pile
         # up in the ready index between visits. fillfactor applies to pages written from now
         # on (VACUUM FULL or pg_repack rewrite the old ones).
-        from ..models import Job, JobDependency
-
         job, edge = self.qn(Job._meta.db_table), self.qn(JobDependency._meta.db_table)
         return [
             f"ALTER TABLE {job} SET (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.01, "
@@ -125,8 +142,6 @@ class PostgreSQLDialect(Dialect):
     def promote(self, ids: Sequence[int]) -> set[str]:
         # One statement: the test for unfinished upstreams is a NOT EXISTS in the UPDATE,
         # the ids one array parameter, and the queues come back with RETURNING.
-        from ..models import Job, JobDependency
-
         job = self.qn(Job._meta.db_table)
         edge = self.qn(JobDependency._meta.db_table)
         now, _ = self.compile(DbNow())
@@ -148,8 +163,6 @@ class PostgreSQLDialect(Dialect):
     def insert_jobs(self, jobs: list[Job]) -> None:
         # One INSERT ... SELECT over a JSON document, instead of Django's bulk_create (whose
         # per-field preparation of every row was most of enqueue_many()'s time).
-        from ..models import Job
-
         found = self._insert_document(jobs)
         if found is None:
             return super().insert_jobs(jobs)
@@ -204,8 +217,6 @@ class PostgreSQLDialect(Dialect):
         lease_ttl: float,
         shape: Any = None,
     ) -> list[ClaimedJob]:
-        from ..models import Job
-
         inner, params = self.compile_claim(ready, limit, shape)
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
@@ -220,8 +231,6 @@ class PostgreSQLDialect(Dialect):
         return rows
 
     def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
-        from ..models import Job
-
         if not ids:
             return []
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
@@ -264,8 +273,6 @@ class PostgreSQLDialect(Dialect):
     def _finish_statement(
         self, owner: str, items: Sequence[tuple[int, int, str | None]], *, only_simple: bool
     ) -> list[Any]:
-        from ..models import Job
-
         table = self.qn(Job._meta.db_table)
         key = ("finish_sql", table, only_simple)
         if key not in self._sql_cache:
@@ -317,11 +324,7 @@ class PostgreSQLDialect(Dialect):
     def autocommit_statements(self) -> bool:
         # Only at READ COMMITTED (PostgreSQL's default): at a stricter level configured for
         # the project, a claim must run in a transaction that pins READ COMMITTED first.
-        level = self.connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
-        return level is None or str(level).upper().replace("_", " ") in (
-            "READ COMMITTED",
-            "ISOLATIONLEVEL.READ COMMITTED",
-        )
+        return self._read_committed()
 
 
 class Listener:

@@ -9,16 +9,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core import checks
 from django.db import DatabaseError, transaction
 from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 from django.db.models.expressions import RawSQL
 
+from ..models import Job, JobQuerySet
 from .base import Dialect
 from .functions import DbNow
 
 if TYPE_CHECKING:
     from ..claimed import ClaimedJob
-    from ..models import Job, JobQuerySet
 
 M = TypeVar("M", bound=Any)
 
@@ -73,6 +74,35 @@ class SQLiteDialect(Dialect):
             cursor.execute("PRAGMA journal_mode")
             return str(cursor.fetchone()[0]).lower()
 
+    def system_checks(self) -> list[checks.CheckMessage]:
+        # Without WAL, readers and the writer block each other; a DEFERRED transaction that
+        # reads and then writes fails with SQLITE_BUSY when another connection wrote between.
+        connection: Any = self.connection
+        warnings: list[checks.CheckMessage] = []
+        if connection.is_in_memory_db():
+            return warnings
+        if self.journal_mode() != "wal":
+            warnings.append(
+                checks.Warning(
+                    f"SQLite database {self.using!r} is not in WAL mode: workers and your app "
+                    "will block each other's reads.",
+                    hint="Add 'init_command': 'PRAGMA journal_mode=WAL;' to its OPTIONS.",
+                    id="django_jobqueue.W001",
+                )
+            )
+        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode") or ""
+        if mode.upper() != "IMMEDIATE":
+            warnings.append(
+                checks.Warning(
+                    f"SQLite database {self.using!r} starts transactions DEFERRED: a "
+                    "transaction that reads and then enqueues can fail with 'database is "
+                    "locked' under load.",
+                    hint="Add 'transaction_mode': 'IMMEDIATE' to its OPTIONS.",
+                    id="django_jobqueue.W002",
+                )
+            )
+        return warnings
+
     def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
         # The busy timeout bounds the wait for the write lock (BEGIN IMMEDIATE).
         with self.connection.cursor() as cursor:
@@ -86,8 +116,6 @@ class SQLiteDialect(Dialect):
         # One INSERT ... SELECT over a JSON document (json_each), instead of Django's
         # bulk_create, whose per-field preparation of every row was most of enqueue_many()'s
         # time. RETURNING needs SQLite 3.35.
-        from ..models import Job
-
         found = self._insert_document(jobs) if self.can_return_rows_from_update else None
         if found is None:
             return super().insert_jobs(jobs)
@@ -158,8 +186,6 @@ class SQLiteDialect(Dialect):
     ) -> list[ClaimedJob]:
         # One statement: the write lock is already held (BEGIN IMMEDIATE), so no other claim
         # can read these rows between the choice and the update.
-        from ..models import Job
-
         sets, set_params = self.claim_sets(owner, lease_ttl)
         table = self.qn(Job._meta.db_table)
         sql = f"UPDATE {table} SET {sets} WHERE {where} RETURNING {self.claim_columns()}"

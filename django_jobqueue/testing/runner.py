@@ -168,9 +168,9 @@ def _promote(
 
         def make_due() -> int:
             later = Job.objects.using(dialect.using).in_queues(queues)
-            return later.filter(
-                state__in=(Job.State.SCHEDULED, Job.State.READY), run_after__gt=DbNow()
-            ).update(run_after=DbNow(), updated_at=DbNow())
+            return later.filter(state__in=Job.RUNNABLE_STATES, run_after__gt=DbNow()).update(
+                run_after=DbNow(), updated_at=DbNow()
+            )
 
         dialect.run_in_transaction(make_due)
     while promote_due(dialect, batch=settings.reclaim_batch):

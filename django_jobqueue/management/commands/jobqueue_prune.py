@@ -96,8 +96,7 @@ class Command(BaseCommand):
         statements = dialect.storage_tuning()
         if not statements:
             raise CommandError(
-                f"--tune-postgres needs PostgreSQL; database {dialect.using!r} is "
-                f"{connections[dialect.using].vendor}."
+                f"--tune-postgres needs PostgreSQL; database {dialect.using!r} is {dialect.vendor}."
             )
         for sql in statements:
             self.stdout.write(sql + ";")
