@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
@@ -16,7 +18,7 @@ from django.utils import timezone
 
 from django_jobqueue import registry
 from django_jobqueue.models import Job, Worker
-from tests.conftest import ROOT
+from tests.conftest import ROOT, poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,7 +145,7 @@ def test_text_output_and_watch_redraws():
     call_command("jobqueue_stats", stdout=out)
     text = out.getvalue()
     assert "ready" in text and "UNHEALTHY" in text
-    output = watch_for_a_while("--watch", "0.2")
+    output = watch_until(lambda out: out.count("\x1b[H\x1b[2J") >= 2, "--watch", "0.2")
     assert output.count("\x1b[H\x1b[2J") >= 2  # drawn more than once, in place
 
 
@@ -178,26 +180,38 @@ def test_workers_of_several_hosts_are_counted_and_serve_their_queues(start_worke
     assert first.stop() == 0
 
 
-def watch_for_a_while(*args: str) -> str:
-    """Run jobqueue_stats with `args` for a few seconds; return what it printed."""
+def watch_until(enough: Callable[[str], bool], *args: str) -> str:
+    """Run jobqueue_stats with `args` until what it printed is `enough`; return that."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "jobqueue_stats", *args],
         cwd=ROOT,
         env={**os.environ, **ENV},
         stdout=subprocess.PIPE,
-        text=True,
     )
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        # A loaded machine can take seconds to start the command: read until it is stopped
+        # rather than for a fixed time.
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=4)
-    except subprocess.TimeoutExpired:
+        poll(lambda: enough(b"".join(chunks).decode(errors="replace")) or proc.poll() is not None)
+    finally:
         proc.terminate()
-        output, _ = proc.communicate(timeout=30)
-    return output
+        proc.wait(60)
+        reader.join(60)
+        proc.stdout.close()
+    return b"".join(chunks).decode()
 
 
 def test_watch_with_json_prints_one_object_per_line():
-    output = watch_for_a_while("--watch", "0.2", "--json")
-    lines = [line for line in output.splitlines() if line]
+    output = watch_until(lambda out: out.count("\n") >= 2, "--watch", "0.2", "--json")
+    lines = [line for line in output.split("\n")[:-1] if line]  # complete lines
     assert len(lines) >= 2
     assert all(json.loads(line)["states"]["ready"] == 0 for line in lines)
 
