@@ -71,8 +71,9 @@ test-mysql: venv
 # The three databases' lanes run side by side (their databases, state directories and coverage
 # files are their own; most of a lane's time is spent waiting on worker processes). Each lane's
 # output is printed in one piece when it ends; a failed lane fails `make test` once all ended.
+# The demo's venv is built first: a test of each lane runs the demo in it (tests/test_demo.py).
 LANES ?= test-sqlite test-postgres test-mysql
-test: lint typecheck checks docs
+test: lint typecheck checks docs demo-venv
 	rm -rf $(COV_DATA)
 	$(MAKE) --jobs=3 --output-sync=target $(LANES)
 	$(MAKE) coverage
