@@ -39,7 +39,7 @@ def make(state: str, **extra: Any) -> Job:
         "unique_slot": None if final else 1,
     }
     if leased:
-        values.update(lease_owner="w1", lease_expires=timezone.now() + dt.timedelta(minutes=5))
+        values.update(lease_owner="w1", lease_expires=timezone.now() + dt.timedelta(hours=1))
     values.update(extra)
     return Job.objects.create(**values)
 
@@ -54,7 +54,8 @@ def live_worker(queues: list[str] | None = None, *, alive: bool = True) -> Worke
         concurrency=1,
         started_at=now,
         heartbeat_at=now,
-        expires_at=now + dt.timedelta(minutes=1 if alive else -10),
+        # Alive for an hour: a loaded machine can take minutes over a test's commands.
+        expires_at=now + (dt.timedelta(hours=1) if alive else dt.timedelta(minutes=-10)),
         handlers=registry.keys(),  # what a real worker of this code lists
     )
 
