@@ -82,10 +82,14 @@ def test_rate_limit_holds_across_three_workers_and_is_approached(start_worker):
     """ "10/s" over 3 processes of concurrency 4: never more than 10 handler starts in any
     1 s window, yet the limit is approached (at least 70% of the 40 starts a perfect
     limiter allows in the first 4 s); another group runs unhindered meanwhile."""
-    enqueue("api", 60)
-    enqueue("other", 30, sleep=0.05)
     env = limits_env(rate_limits={"api": "10/s"})
     fleet = [start_worker("--concurrency", "4", *FAST, env=env) for _ in range(3)]
+    # The jobs come once every worker is claiming: on a loaded machine a process can take
+    # seconds to start, and the first one alone would otherwise run them all.
+    for worker in fleet:
+        worker.wait_registered()
+    enqueue("api", 60)
+    enqueue("other", 30, sleep=0.05)
 
     def done() -> bool:
         return Job.objects.filter(state=Job.State.DONE).count() == 90
