@@ -96,7 +96,8 @@ def real_jobs(start_worker: Any) -> dict[str, Any]:
         send = jobqueue.enqueue(
             "emails.send", {"to": "ops@example.com"}, parent=box, depends_on=[build]
         )
-    running = jobqueue.enqueue("reports.export", {"limit": 120})
+    # Until the tour cancels it: an hour, longer than any tour on a busy machine.
+    running = jobqueue.enqueue("reports.export", {"limit": 3600})
     for n in range(3):  # the emails queue has no worker here: these wait, ready
         jobqueue.enqueue("emails.send", {"to": f"user{n}@example.com"}, queue="emails")
     wait_for_job(dead.pk, "dead")
