@@ -101,9 +101,16 @@ def test_rate_limit_holds_across_three_workers_and_is_approached(start_worker):
 
     ids = list(Job.objects.filter(group_key="api").values_list("pk", flat=True))
     records = RunRecord.objects.filter(job_id__in=ids)
-    starts = sorted(records.values_list("started", flat=True))
-    assert len(starts) == 60
+    assert records.count() == 60
     assert len({pid for pid in records.values_list("worker_pid", flat=True)}) >= 2
+    # A start is a claim, stamped by the database clock in the claim's own statement: what the
+    # limiter counts. The handler's own clock reads it later, by as much as a loaded machine
+    # delays a thread, which can bunch starts the limiter spread out.
+    starts = sorted(
+        at.timestamp()
+        for at in Job.objects.filter(group_key="api").values_list("started_at", flat=True)
+    )
+    assert len(starts) == 60
     busiest = most_in_any_window(starts, 1.0)
     first_four = bisect.bisect_left(starts, starts[0] + 4.0)
     print(f"most starts in any 1 s window: {busiest}; starts in the first 4 s: {first_four}")
