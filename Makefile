@@ -71,9 +71,12 @@ test-mysql: venv
 # The three databases' lanes run side by side (their databases, state directories and coverage
 # files are their own; most of a lane's time is spent waiting on worker processes). Each lane's
 # output is printed in one piece when it ends; a failed lane fails `make test` once all ended.
-# The demo's venv is built first: a test of each lane runs the demo in it (tests/test_demo.py).
+# The static checks run side by side first, and the lanes only if they pass. The demo's venv is
+# built before: a test of each lane runs the demo in it (tests/test_demo.py).
+STATIC ?= lint typecheck checks docs
 LANES ?= test-sqlite test-postgres test-mysql
-test: lint typecheck checks docs demo-venv
+test: venv demo-venv
+	$(MAKE) --jobs=4 --output-sync=target $(STATIC)
 	rm -rf $(COV_DATA)
 	$(MAKE) --jobs=3 --output-sync=target $(LANES)
 	$(MAKE) coverage
