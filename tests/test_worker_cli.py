@@ -13,8 +13,7 @@ import pytest
 import django_jobqueue as jobqueue
 from django_jobqueue.management.commands.jobqueue_worker import Command
 from django_jobqueue.models import Job, Worker
-from tests.chaos.support import SKIPPED_BEAT
-from tests.conftest import ROOT, assert_clean_log, poll, wait_for_job
+from tests.conftest import ROOT, SKIPPED_BEAT, assert_clean_log, poll, wait_for_job
 
 TERMINAL = (Job.State.DONE, Job.State.DEAD)
 
@@ -176,7 +175,7 @@ def test_workers_starting_together_on_deferred_sqlite_never_see_database_is_lock
     for worker in workers:
         assert worker.wait(120) == 0, worker.output()
         # A heartbeat that gives up its lock wait to stay on time says so and loses nothing
-        # (tests/chaos/support.py); any other "database is locked" is the failure.
+        # (tests/conftest.py); any other "database is locked" is the failure.
         locked = [
             line
             for line in worker.output().splitlines()
