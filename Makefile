@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 PG_URL ?= postgres://postgres@127.0.0.1:5432/jobqueue
 MYSQL_URL ?= mysql://root@127.0.0.1:3306/jobqueue
 PYTEST_ARGS ?=
+# Each lane keeps its files (the SQLite databases, the chaos figures) in its own directory under
+# TEST_STATE, so that lanes can run side by side.
+TEST_STATE ?= $(CURDIR)/.test-state
 # Every lane runs pytest under coverage (worker subprocesses included, see pyproject's
 # [tool.coverage.run]); `make test` combines the three databases' data and reports it.
 COV_DATA ?= $(CURDIR)/.coverage-data
@@ -44,26 +47,38 @@ docs: venv
 	$(BIN)/mkdocs build --strict --quiet --config-file docs/mkdocs.yml --site-dir ../.site
 
 test-sqlite: venv
-	rm -rf .test-state/sqlite && mkdir -p .test-state/sqlite
-	JOBQUEUE_TEST_STATE=$(CURDIR)/.test-state/sqlite DATABASE_URL= \
+	rm -rf $(TEST_STATE)/sqlite && mkdir -p $(TEST_STATE)/sqlite
+	JOBQUEUE_TEST_STATE=$(TEST_STATE)/sqlite DATABASE_URL= \
 		$(PYTEST) --create-db $(PYTEST_ARGS)
 
 # PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
 test-postgres: venv
+	@mkdir -p $(TEST_STATE)/postgres
 	@if $(BIN)/python .ci/db_ready.py "$(PG_URL)"; then \
-		DATABASE_URL="$(PG_URL)" $(PYTEST) --create-db $(PYTEST_ARGS); \
+		JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres DATABASE_URL="$(PG_URL)" \
+			$(PYTEST) --create-db $(PYTEST_ARGS); \
 	elif [ "$$CI" = "true" ]; then echo "PostgreSQL is not reachable at $(PG_URL)"; exit 1; \
 	else echo "== PostgreSQL not reachable at $(PG_URL): skipped (CI=true makes this fail)"; fi
 
 test-mysql: venv
+	@mkdir -p $(TEST_STATE)/mysql
 	@if $(BIN)/python .ci/db_ready.py "$(MYSQL_URL)"; then \
-		DATABASE_URL="$(MYSQL_URL)" $(PYTEST) --create-db $(PYTEST_ARGS); \
+		JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql DATABASE_URL="$(MYSQL_URL)" \
+			$(PYTEST) --create-db $(PYTEST_ARGS); \
 	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
 	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
 
-test: lint typecheck checks docs
+# The three databases' lanes run side by side (their databases, state directories and coverage
+# files are their own; most of a lane's time is spent waiting on worker processes). Each lane's
+# output is printed in one piece when it ends; a failed lane fails `make test` once all ended.
+# The static checks run side by side first, and the lanes only if they pass. The demo's venv is
+# built before: a test of each lane runs the demo in it (tests/test_demo.py).
+STATIC ?= lint typecheck checks docs
+LANES ?= test-sqlite test-postgres test-mysql
+test: venv demo-venv
+	$(MAKE) --jobs=4 --output-sync=target $(STATIC)
 	rm -rf $(COV_DATA)
-	$(MAKE) test-sqlite test-postgres test-mysql
+	$(MAKE) --jobs=3 --output-sync=target $(LANES)
 	$(MAKE) coverage
 
 # Combine the coverage data of the lanes run since the last `make test` and report it. With
@@ -81,7 +96,7 @@ coverage: venv
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
 chaos: venv
-	$(MAKE) test-sqlite test-postgres test-mysql PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
+	$(MAKE) --jobs=3 --output-sync=target $(LANES) PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
 
 # Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
 bench: venv

@@ -61,8 +61,15 @@ TROUBLE = (
 )
 
 
+# A heartbeat waits at most half its interval for a lock (so that the next beat is never late)
+# and tries again soon after: on a busy SQLite file, a skipped beat logs this, and only this,
+# line. It loses nothing (a lease outlives several beats); a loaded machine makes it common.
+SKIPPED_BEAT = "Worker duty heartbeat failed (gave up after 1 attempts on lock contention"
+
+
 def assert_clean_log(text: str, *, allow: tuple[str, ...] = ()) -> None:
     """Fail if a worker log shows database trouble, a lost lease or an uncaught exception."""
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(SKIPPED_BEAT))
     for marker in TROUBLE:
         if marker not in allow:
             assert marker not in text, f"worker log contains {marker!r}:\n{text[-4000:]}"

@@ -20,8 +20,11 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'jobqu
 _db = env.db_url_config(DATABASE_URL)
 _engine = _db["ENGINE"]
 if _engine.endswith("sqlite3"):
+    # A busy timeout of 30 s, not Django's 5 s, for the connections the worker does not bound
+    # itself (the test process, handlers, producers): a loaded machine can keep the holder of
+    # the write lock off the CPU for seconds.
     _db.setdefault("OPTIONS", {}).update(
-        {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
+        {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE", "timeout": 30}
     )
     if os.environ.get("JOBQUEUE_TEST_SQLITE_DEFERRED"):  # a project without IMMEDIATE
         del _db["OPTIONS"]["transaction_mode"]

@@ -75,7 +75,11 @@ def fast_password_hashing(settings: Any) -> None:
 
 def real_jobs(start_worker: Any) -> dict[str, Any]:
     """Jobs as a worker leaves them: done, dead, a failed workflow, one running, one stuck."""
-    worker = start_worker("--concurrency", "4", "--queue", "default", *FAST)
+    # A long lease: a reclaimer judges others only once it has beaten for a whole TTL of its
+    # own, so the stuck job below stays as it is for the whole tour, however slow the machine.
+    worker = start_worker(
+        "--concurrency", "4", "--queue", "default", "--lease-ttl", "600", *FAST
+    )  # fmt: skip
     for account in range(1, 6):
         jobqueue.enqueue("reports.fetch", {"account_id": account})
     dead = jobqueue.enqueue("reports.build", {"account_id": 9, "failures": 5}, max_attempts=2)
@@ -93,7 +97,8 @@ def real_jobs(start_worker: Any) -> dict[str, Any]:
         send = jobqueue.enqueue(
             "emails.send", {"to": "ops@example.com"}, parent=box, depends_on=[build]
         )
-    running = jobqueue.enqueue("reports.export", {"limit": 120})
+    # Until the tour cancels it: an hour, longer than any tour on a busy machine.
+    running = jobqueue.enqueue("reports.export", {"limit": 3600})
     for n in range(3):  # the emails queue has no worker here: these wait, ready
         jobqueue.enqueue("emails.send", {"to": f"user{n}@example.com"}, queue="emails")
     wait_for_job(dead.pk, "dead")
@@ -140,6 +145,9 @@ def test_operator_tour(browser: Any, live_server: Any, start_worker: Any, shots:
     User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
     jobs = real_jobs(start_worker)
     page = browser.new_page(viewport={"width": 1600, "height": 900})
+    # Playwright's 30 s default is short for a page of a busy 2-core machine.
+    page.set_default_timeout(120_000)
+    page.set_default_navigation_timeout(120_000)
     base = live_server.url
 
     response = page.goto(f"{base}/admin/login/")

@@ -24,7 +24,9 @@ def fast_password_hashing(settings: Any) -> None:
 
 def test_cancel_all_while_a_worker_runs_them(admin_client: Client, start_worker: Any) -> None:
     """Each job ends done or cancelled, never both, never stuck; the report adds up."""
-    jobs = [jobqueue.enqueue("test.record", {"sleep": 0.05}) for _ in range(150)]
+    # 20 s of work for four threads: the cancel lands mid-run even when a loaded machine
+    # takes seconds over the admin's request.
+    jobs = [jobqueue.enqueue("test.record", {"sleep": 0.5}) for _ in range(150)]
     worker = start_worker("--concurrency", "4", *FAST)
     poll(lambda: Job.objects.filter(state="done").count() >= 10)
     data = {

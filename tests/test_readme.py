@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -72,7 +73,13 @@ def run_quickstart(tmp_path: Path, postgres_name: str | None) -> Path:
     """Follow the quick start in `tmp_path`; return the project directory."""
     project = tmp_path / "project"
     project.mkdir()
-    (tmp_path / "django-jobqueue").symlink_to(ROOT)  # the clone, next to the project
+    # The clone, next to the project. A copy: pip builds in the source tree, and the lanes of
+    # the other databases may be installing theirs from the same checkout at the same time.
+    shutil.copytree(
+        ROOT,
+        tmp_path / "django-jobqueue",
+        ignore=shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "db.sqlite3*"),
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(base_python())

@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
@@ -16,7 +18,7 @@ from django.utils import timezone
 
 from django_jobqueue import registry
 from django_jobqueue.models import Job, Worker
-from tests.conftest import ROOT
+from tests.conftest import ROOT, poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +39,7 @@ def make(state: str, **extra: Any) -> Job:
         "unique_slot": None if final else 1,
     }
     if leased:
-        values.update(lease_owner="w1", lease_expires=timezone.now() + dt.timedelta(minutes=5))
+        values.update(lease_owner="w1", lease_expires=timezone.now() + dt.timedelta(hours=1))
     values.update(extra)
     return Job.objects.create(**values)
 
@@ -52,7 +54,8 @@ def live_worker(queues: list[str] | None = None, *, alive: bool = True) -> Worke
         concurrency=1,
         started_at=now,
         heartbeat_at=now,
-        expires_at=now + dt.timedelta(minutes=1 if alive else -10),
+        # Alive for an hour: a loaded machine can take minutes over a test's commands.
+        expires_at=now + (dt.timedelta(hours=1) if alive else dt.timedelta(minutes=-10)),
         handlers=registry.keys(),  # what a real worker of this code lists
     )
 
@@ -115,24 +118,38 @@ def run_check(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def check_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `jobqueue_stats --check` here: its status is the SystemExit a process exits with."""
+    out = StringIO()
+    try:
+        call_command("jobqueue_stats", "--check", *args, stdout=out)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    else:
+        code = 0
+    return subprocess.CompletedProcess(args, code, out.getvalue(), "")
+
+
 def test_check_exit_codes():
+    # The command's own process, for what a probe sees; then in this process (a process start
+    # takes seconds on a loaded machine), for each reason to fail.
     assert run_check().returncode == 0  # nothing to do is healthy
     make("ready")
     result = run_check()
     assert result.returncode == 1, result.stdout
     assert "no live worker serves it" in result.stdout
     live_worker()  # serves every queue
-    result = run_check()
+    result = check_in_process()
     assert result.returncode == 0, result.stdout + result.stderr
     Job.objects.filter(state="ready").update(updated_at=timezone.now() - dt.timedelta(hours=1))
-    result = run_check("--max-age", "60")
+    result = check_in_process("--max-age", "60")
     assert result.returncode == 1
     assert "oldest ready job has waited" in result.stdout
-    assert run_check("--max-age", "7200").returncode == 0
+    assert check_in_process("--max-age", "7200").returncode == 0
     make("running", lease_expires=timezone.now() - dt.timedelta(hours=1))
-    assert run_check("--max-age", "7200").returncode == 1
-    assert run_check("--max-age", "7200", "--max-expired", "1").returncode == 0
-    result = run_check("--json", "--max-age", "7200")
+    assert check_in_process("--max-age", "7200").returncode == 1
+    assert check_in_process("--max-age", "7200", "--max-expired", "1").returncode == 0
+    result = check_in_process("--json", "--max-age", "7200")
     assert result.returncode == 1
     assert json.loads(result.stdout)["leases"]["expired_stale"] == 1
 
@@ -143,7 +160,7 @@ def test_text_output_and_watch_redraws():
     call_command("jobqueue_stats", stdout=out)
     text = out.getvalue()
     assert "ready" in text and "UNHEALTHY" in text
-    output = watch_for_a_while("--watch", "0.2")
+    output = watch_until(lambda out: out.count("\x1b[H\x1b[2J") >= 2, "--watch", "0.2")
     assert output.count("\x1b[H\x1b[2J") >= 2  # drawn more than once, in place
 
 
@@ -178,26 +195,38 @@ def test_workers_of_several_hosts_are_counted_and_serve_their_queues(start_worke
     assert first.stop() == 0
 
 
-def watch_for_a_while(*args: str) -> str:
-    """Run jobqueue_stats with `args` for a few seconds; return what it printed."""
+def watch_until(enough: Callable[[str], bool], *args: str) -> str:
+    """Run jobqueue_stats with `args` until what it printed is `enough`; return that."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "jobqueue_stats", *args],
         cwd=ROOT,
         env={**os.environ, **ENV},
         stdout=subprocess.PIPE,
-        text=True,
     )
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        # A loaded machine can take seconds to start the command: read until it is stopped
+        # rather than for a fixed time.
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=4)
-    except subprocess.TimeoutExpired:
+        poll(lambda: enough(b"".join(chunks).decode(errors="replace")) or proc.poll() is not None)
+    finally:
         proc.terminate()
-        output, _ = proc.communicate(timeout=30)
-    return output
+        proc.wait(60)
+        reader.join(60)
+        proc.stdout.close()
+    return b"".join(chunks).decode()
 
 
 def test_watch_with_json_prints_one_object_per_line():
-    output = watch_for_a_while("--watch", "0.2", "--json")
-    lines = [line for line in output.splitlines() if line]
+    output = watch_until(lambda out: out.count("\n") >= 2, "--watch", "0.2", "--json")
+    lines = [line for line in output.split("\n")[:-1] if line]  # complete lines
     assert len(lines) >= 2
     assert all(json.loads(line)["states"]["ready"] == 0 for line in lines)
 

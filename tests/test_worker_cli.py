@@ -13,7 +13,7 @@ import pytest
 import django_jobqueue as jobqueue
 from django_jobqueue.management.commands.jobqueue_worker import Command
 from django_jobqueue.models import Job, Worker
-from tests.conftest import ROOT, assert_clean_log, poll, wait_for_job
+from tests.conftest import ROOT, SKIPPED_BEAT, assert_clean_log, poll, wait_for_job
 
 TERMINAL = (Job.State.DONE, Job.State.DEAD)
 
@@ -180,7 +180,14 @@ def test_workers_starting_together_on_deferred_sqlite_never_see_database_is_lock
     workers = [start_worker("--burst", "--poll-interval", "0.01", env=env) for _ in range(4)]
     for worker in workers:
         assert worker.wait(120) == 0, worker.output()
-        assert "database is locked" not in worker.output()
+        # A heartbeat that gives up its lock wait to stay on time says so and loses nothing
+        # (tests/conftest.py); any other "database is locked" is the failure.
+        locked = [
+            line
+            for line in worker.output().splitlines()
+            if "database is locked" in line and not line.startswith(SKIPPED_BEAT)
+        ]
+        assert not locked, worker.output()
     assert Job.objects.filter(state="done").count() == 300
 
 

@@ -81,10 +81,13 @@ def test_heartbeat_keeps_a_job_longer_than_the_lease_ttl_from_being_reclaimed(st
     0.2 s: the heartbeat renews the lease, so the job is never reclaimed or run twice."""
     short_lease = ("--lease-ttl", "2", "--heartbeat-interval", "0.4")
     runner = start_worker(*short_lease)
+    # The sweeper claims nothing (a queue of its own) and is sweeping before the job starts: a
+    # loaded machine can take longer to start a process than the job runs.
+    sweeper = start_worker(*short_lease, "--queue", "sweeper-only")
     runner.wait_registered()
+    sweeper.wait_registered()
     job = jobqueue.enqueue("test.record", {"sleep": 4.5, "value": "long"})
     wait_for_job(job.pk, Job.State.RUNNING)
-    sweeper = start_worker(*short_lease)
     done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD)
     assert done.state == Job.State.DONE
     assert done.result == "long"

@@ -25,7 +25,7 @@ from tests.workflow_support import limits_env
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SQLITE = connection.vendor == "sqlite"
-# On SQLite the hold must stay under the handlers' own busy timeout (Django's default, 5 s):
+# On SQLite the hold must stay under the handlers' own busy timeout (tests/settings.py):
 # a handler that writes while the test holds the database would fail otherwise.
 TTL = 1.5 if SQLITE else 2.0
 SHORT_LEASE = ("--lease-ttl", str(TTL), "--heartbeat-interval", "0.5")

@@ -27,24 +27,25 @@ def assert_timed_out(job: Job, timeout: float) -> None:
 def test_hung_sync_handler_times_out_and_frees_its_slot(start_worker):
     """With one slot, a job stuck in a C call (time.sleep) is failed at its timeout and the
     next job runs while the stuck thread is still asleep."""
-    hung = jobqueue.enqueue("test.sleep", {"seconds": 60}, timeout=1, max_attempts=1, priority=9)
+    hung = jobqueue.enqueue("test.sleep", {"seconds": 600}, timeout=1, max_attempts=1, priority=9)
     after = jobqueue.enqueue("test.add", {"a": 1, "b": 1})
     worker = start_worker("--concurrency", "1")
     dead = wait_for_job(hung.pk, *TERMINAL)
     assert_timed_out(dead, 1.0)
     assert "thread abandoned" in dead.last_error["message"]
-    done = wait_for_job(after.pk, *TERMINAL, timeout=30)
+    done = wait_for_job(after.pk, *TERMINAL, timeout=120)
     assert done.state == Job.State.DONE
     assert done.result == 2
     # Claimed once the timeout freed the slot (its failure is recorded by the completer, which
     # may write a few milliseconds after the next claim).
     assert (done.started_at - dead.started_at).total_seconds() >= 0.9
-    # The hung handler sleeps for a minute; the slot came back long before.
-    assert (done.finished_at - dead.started_at).total_seconds() < 30
+    # The hung handler sleeps for ten minutes; the slot came back long before (the bound
+    # leaves room for a loaded machine).
+    assert (done.finished_at - dead.started_at).total_seconds() < 300
     assert worker.running()
     started = time.monotonic()
-    assert worker.stop() == 0  # the abandoned thread does not hold up a clean exit
-    assert time.monotonic() - started < 30
+    assert worker.stop(timeout=300) == 0  # the abandoned thread does not hold up a clean exit
+    assert time.monotonic() - started < 300
     assert_clean_log(worker.output())
 
 
@@ -160,4 +161,4 @@ def test_job_within_its_timeout_is_not_disturbed(start_worker):
     assert done.last_error is None
     assert RunRecord.objects.filter(job_id=job.pk).count() == 1
     assert worker.stop() == 0
-    poll(lambda: not Worker.objects.exists(), timeout=5)
+    poll(lambda: not Worker.objects.exists())

@@ -16,7 +16,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, JobDependency
-from tests.conftest import TROUBLE, WorkerProcess
+from tests.conftest import SKIPPED_BEAT, TROUBLE, WorkerProcess
 from tests.testapp.models import RunRecord
 
 LEASE_EXPIRED = "django_jobqueue.exceptions.LeaseExpired"
@@ -183,10 +183,7 @@ class Supervisor:
         return [worker.proc.returncode for worker in self.workers]
 
 
-# A heartbeat waits at most half its interval for a lock (so that the next beat is never late)
-# and tries again soon after: on a busy SQLite file, a skipped beat logs this, and only this,
-# line. It loses nothing (a lease outlives several beats); the suite counts these lines.
-SKIPPED_BEAT = "Worker duty heartbeat failed (gave up after 1 attempts on lock contention"
+# SKIPPED_BEAT (tests/conftest.py): a heartbeat that gave up one lock wait; the suite counts them.
 
 
 def log_trouble(text: str) -> tuple[list[str], int]:
