@@ -20,6 +20,9 @@ class JobQueueSettings:
     """The effective settings; every field is a key of ``settings.JOBQUEUE`` in upper case."""
 
     database: str = "default"  # alias of the database that holds the queue tables
+    # alias the listener's LISTEN uses (straight to the server, past a transaction pooler);
+    # None: DATABASE
+    listen_database: str | None = None
     default_queue: str = "default"
     max_attempts: int = 3  # attempts per job unless enqueue() says otherwise
     timeout: float | None = None  # seconds a dispatch may run; None: no limit
@@ -209,6 +212,24 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured(
             f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
         )
+    if conf.listen_database is not None and (
+        not isinstance(conf.listen_database, str) or conf.listen_database not in settings.DATABASES
+    ):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE['LISTEN_DATABASE'] is {conf.listen_database!r}, which is not an alias in "
+            "settings.DATABASES (it names the connection, straight to the queue's PostgreSQL "
+            "database, that the workers LISTEN on; leave it out to use JOBQUEUE['DATABASE'])."
+        )
+    if conf.listen_database is not None:
+        from django.db import connections
+
+        listen, queue = connections[conf.listen_database].vendor, connections[conf.database].vendor
+        if listen != queue:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE['LISTEN_DATABASE'] is {conf.listen_database!r}, a {listen} database, "
+                f"but the queue database {conf.database!r} is {queue}: it must be another alias "
+                "of the same database."
+            )
     try:  # the checks enqueue() makes of a queue name: every enqueue would fail otherwise
         check_label("queue", conf.default_queue, 100)
     except InvalidJobError as exc:

@@ -39,6 +39,14 @@ if not _engine.endswith("sqlite3"):
 if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
     _db["NAME"] = _db["TEST"]["NAME"]
 DATABASES = {"default": _db}
+# The PgBouncer tests (tests/test_pgbouncer.py) give worker subprocesses a second alias, the
+# same test database through the pooler, and say which alias holds the queue and which the
+# listener's LISTEN uses.
+if os.environ.get("JOBQUEUE_TEST_POOLED_URL"):
+    DATABASES["pooled"] = {
+        **env.db_url_config(os.environ["JOBQUEUE_TEST_POOLED_URL"]),
+        "DISABLE_SERVER_SIDE_CURSORS": True,  # a named cursor does not outlive a transaction
+    }
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -115,6 +123,9 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
     "loggers": {"django_jobqueue": {"handlers": ["stderr"], "level": "INFO"}},
 }
+for _name in ("DATABASE", "LISTEN_DATABASE"):  # aliases, for the PgBouncer tests
+    if os.environ.get(f"JOBQUEUE_TEST_{_name}"):
+        JOBQUEUE[_name] = os.environ[f"JOBQUEUE_TEST_{_name}"]
 # JOBQUEUE["RETENTION"] for worker subprocesses, as JSON (tests of the pruner duty).
 if os.environ.get("JOBQUEUE_TEST_RETENTION"):
     JOBQUEUE["RETENTION"] = json.loads(os.environ["JOBQUEUE_TEST_RETENTION"])

@@ -55,6 +55,8 @@ def test_test_settings_pass() -> None:
         ({"SHUTDOWN_TIMEOUT": -1}, "SHUTDOWN_TIMEOUT"),
         ({"DATABASE": "nope"}, "'nope', which is not in settings.DATABASES"),
         ({"DEFAULT_QUEUE": ""}, "DEFAULT_QUEUE"),
+        ({"LISTEN_DATABASE": "nope"}, "'nope', which is not an alias in settings.DATABASES"),
+        ({"LISTEN_DATABASE": ["default"]}, "LISTEN_DATABASE"),
         (["LEASE_TTL"], "must be a dict"),
     ],
     ids=lambda v: str(v)[:40],
@@ -65,6 +67,25 @@ def test_e001_bad_settings(jobqueue: Any, text: str) -> None:
     assert ids(messages) == ["django_jobqueue.E001"]
     assert messages[0].level == django_checks.ERROR
     assert text in messages[0].msg
+
+
+def test_a_listen_alias_of_the_queue_database_passes() -> None:
+    with override_settings(JOBQUEUE={**VALID, "LISTEN_DATABASE": "default"}):
+        assert checks.check_settings() == []
+
+
+@pytest.mark.django_db
+def test_e001_for_a_listen_alias_of_another_kind_of_database(tmp_path: Path) -> None:
+    with (
+        sqlite_alias("sqlite_listen", tmp_path / "listen.sqlite3") as alias,
+        override_settings(JOBQUEUE={**VALID, "LISTEN_DATABASE": alias}),
+    ):
+        messages = checks.check_settings()
+    if connection.vendor == "sqlite":
+        assert messages == []
+    else:
+        assert ids(messages) == ["django_jobqueue.E001"]
+        assert "'sqlite_listen', a sqlite database" in messages[0].msg
 
 
 def test_e001_is_reported_by_the_check_framework() -> None:

@@ -174,16 +174,21 @@ class Dialect:
         return False
 
     def bound_waits(self, lock_timeout: float, idle_timeout: float | None = None) -> None:
-        """Bound every lock wait of this thread's connection to `lock_timeout` seconds.
+        """Bound every lock wait of this thread's worker transactions to `lock_timeout` seconds.
 
         For the worker's own threads (their connections never run a handler's queries): a
         statement that would wait longer for a row lock, or for SQLite's write lock, fails
         with a transient error instead. Where the server can, a transaction left idle for
         `idle_timeout` seconds is ended by the server: a worker process frozen in the middle
-        of one (SIGSTOP, a paused VM) then holds no row lock for longer than that. Applied
-        once per underlying connection.
+        of one (SIGSTOP, a paused VM) then holds no row lock for longer than that.
+
+        Each transaction of run_in_transaction() on this thread sets the bounds for itself
+        (transaction_waits()), so that none outlives it on a server connection that a pooler
+        hands to other clients. A bound that belongs to the connection itself, where no pooler
+        can come between (SQLite's busy timeout), is set once per underlying connection.
         """
         conn: Any = self.connection
+        conn._jobqueue_waits = (lock_timeout, idle_timeout)
         conn.ensure_connection()
         key = (id(conn.connection), lock_timeout, idle_timeout)
         if getattr(conn, "_jobqueue_bound_waits", None) != key:
@@ -191,7 +196,25 @@ class Dialect:
             conn._jobqueue_bound_waits = key
 
     def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
-        """Set the session's lock wait bound (the dialect's own statements)."""
+        """Set the connection's own lock wait bound, where it has one (SQLite)."""
+
+    @contextmanager
+    def transaction_waits(self, lock_timeout: float, idle_timeout: float | None) -> Iterator[None]:
+        """Bound the lock waits, and the idle time, of the transaction this block runs in.
+
+        Entered at the start of the transaction; whatever it sets ends with the transaction.
+        Here: nothing (see _bound_waits()).
+        """
+        yield
+
+    @contextmanager
+    def _worker_waits(self) -> Iterator[None]:
+        waits = getattr(self.connection, "_jobqueue_waits", None)
+        if waits is None:  # not a worker's thread: the project's own settings apply
+            yield
+            return
+        with self.transaction_waits(*waits):
+            yield
 
     @contextmanager
     def statement_timeout(self, timeout: float) -> Iterator[None]:
@@ -214,7 +237,8 @@ class Dialect:
             try:
                 with self._atomic():
                     self.begin()
-                    return func()
+                    with self._worker_waits():
+                        return func()
             except DatabaseError as exc:
                 if not self.is_transient(exc):
                     raise
@@ -246,7 +270,13 @@ class Dialect:
         return False
 
     def run_statement(self, func: Callable[[], T]) -> T:
-        """Run `func`, one statement in autocommit, retrying it on transient lock errors."""
+        """Run `func`, one statement in autocommit, retrying it on transient lock errors.
+
+        No bound of bound_waits() applies: a setting that ended with the statement would cost
+        a transaction (BEGIN, SET LOCAL, COMMIT), and one that did not would stay on a pooled
+        server connection. The worker runs here only statements that lock rows with SKIP
+        LOCKED, which never wait for a row lock, and no transaction of theirs is left idle.
+        """
         delay = self.transient_backoff
         for attempt in range(1, self.transient_retries + 1):
             try:

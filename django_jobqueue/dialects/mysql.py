@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from django.core import checks
@@ -101,35 +101,61 @@ class MySQLDialect(Dialect):
             with self.connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
-    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
-        # Session-wide, and only on the worker's own connections (never a handler's).
-        conn: Any = self.connection
-        with conn.cursor() as cursor:
-            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(lock_timeout))}")
-            # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting.
-            if idle_timeout and conn.mysql_is_mariadb:
-                cursor.execute(
-                    f"SET SESSION idle_transaction_timeout = {max(1, round(idle_timeout))}"
-                )
+    @contextmanager
+    def transaction_waits(self, lock_timeout: float, idle_timeout: float | None) -> Iterator[None]:
+        values = {"innodb_lock_wait_timeout": str(max(1, round(lock_timeout)))}
+        # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting.
+        if idle_timeout and self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            values["idle_transaction_timeout"] = str(max(1, round(idle_timeout)))
+        with self._session_values(values):
+            yield
 
     @contextmanager
     def statement_timeout(self, timeout: float) -> Iterator[None]:
-        # No per-transaction setting: the session's is set, then given back. MariaDB bounds
-        # every statement (max_statement_time, seconds); MySQL only SELECTs, the locking read
-        # included (max_execution_time, ms), and its UPDATE by primary key waits for locks
-        # no longer than innodb_lock_wait_timeout.
-        conn: Any = self.connection
-        if conn.mysql_is_mariadb:
-            name, value = "max_statement_time", f"{max(0.001, timeout):.3f}"
+        # MariaDB bounds every statement (max_statement_time, seconds); MySQL only SELECTs,
+        # the locking read included (max_execution_time, ms), and its UPDATE by primary key
+        # waits for locks no longer than innodb_lock_wait_timeout.
+        if self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            values = {"max_statement_time": f"{max(0.001, timeout):.3f}"}
         else:
-            name, value = "max_execution_time", str(max(1, int(timeout * 1000)))
+            values = {"max_execution_time": str(max(1, int(timeout * 1000)))}
+        with self._session_values(values):
+            yield
+
+    @contextmanager
+    def _session_values(self, values: dict[str, str]) -> Iterator[None]:
+        """Give the session `values` inside this block, then its own back, leaving no trace.
+
+        MySQL and MariaDB have no transaction-local variables (PostgreSQL's SET LOCAL), and
+        MariaDB's SET STATEMENT ... FOR covers one statement of SQL the ORM writes. Used inside
+        a transaction: the values are given back before it ends, so a pooler that hands the
+        server connection to another client after the COMMIT or ROLLBACK hands on none of
+        them (nor the user variables that kept the old values).
+        """
+        conn: Any = self.connection
+        save = ", ".join(
+            f"@jobqueue_{n} = @@SESSION.{n}, SESSION {n} = {v}" for n, v in values.items()
+        )
+        restore = "SET " + ", ".join(
+            f"SESSION {n} = @jobqueue_{n}, @jobqueue_{n} = NULL" for n in values
+        )
         with conn.cursor() as cursor:
-            cursor.execute(f"SET @jobqueue_prior = @@SESSION.{name}, SESSION {name} = {value}")
+            cursor.execute(f"SET {save}")
         try:
             yield
-        finally:
-            with conn.cursor() as cursor:
-                cursor.execute(f"SET SESSION {name} = @jobqueue_prior")
+        except BaseException:
+            # Django refuses queries in a transaction that failed, until its rollback; the
+            # server takes a SET there still, through the driver's own cursor.
+            if conn.connection is not None:
+                with suppress(conn.Database.Error):
+                    raw = conn.connection.cursor()
+                    try:
+                        raw.execute(restore)
+                    finally:
+                        raw.close()
+            raise
+        with conn.cursor() as cursor:
+            cursor.execute(restore)
 
     def json_append(self, column: str, value: str) -> Expression:
         return Func(

@@ -73,14 +73,19 @@ class PostgreSQLDialect(Dialect):
         code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return isinstance(exc, DatabaseError) and code in _TRANSIENT_SQLSTATES
 
-    def _bound_waits(self, lock_timeout: float, idle_timeout: float | None) -> None:
+    @contextmanager
+    def transaction_waits(self, lock_timeout: float, idle_timeout: float | None) -> Iterator[None]:
+        # Transaction-local (set_config(..., true) is SET LOCAL): a session-level SET would stay
+        # on the server connection, which a transaction-mode pooler (PgBouncer) then hands to
+        # other clients. One statement for both settings: one round trip.
+        values = [("lock_timeout", lock_timeout)]
+        if idle_timeout:
+            values.append(("idle_in_transaction_session_timeout", idle_timeout))
+        sql = ", ".join("set_config(%s, %s, true)" for _ in values)
+        params = [p for name, value in values for p in (name, f"{max(1, int(value * 1000))}ms")]
         with self.connection.cursor() as cursor:
-            cursor.execute(f"SET lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
-            if idle_timeout:
-                cursor.execute(
-                    "SET idle_in_transaction_session_timeout = "
-                    f"'{max(1, int(idle_timeout * 1000))}ms'"
-                )
+            cursor.execute(f"SELECT {sql}", params)
+        yield
 
     @contextmanager
     def statement_timeout(self, timeout: float) -> Iterator[None]:

@@ -240,9 +240,12 @@ class JobWorker:
         if ages := conf.retention_ages():
             duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
+            # Its own alias may go straight to the server: a LISTEN does not survive a
+            # transaction-mode pooler, which everything else may go through.
+            listen = get_dialect(conf.listen_database or conf.database)
             duties.append(
                 Listener(
-                    dialect, queues=self.queues, on_notify=wake.wake_up, lock_timeout=lock_timeout
+                    listen, queues=self.queues, on_notify=wake.wake_up, lock_timeout=lock_timeout
                 )
             )
         for duty in duties:

@@ -1,0 +1,312 @@
+"""Connection poolers: the worker's session settings end with each of its transactions, and
+through a real transaction-mode PgBouncer the whole cycle works, push wake-up included (its
+LISTEN on a direct alias), while no other client of the pool sees any of our settings."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+import django_jobqueue as jobqueue
+from django_jobqueue.dialects import get_dialect
+from django_jobqueue.models import Job, Worker
+from tests.conftest import assert_clean_log, poll, wait_for_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VENDOR = connection.vendor
+POSTGRES = pytest.mark.skipif(VENDOR != "postgresql", reason="PgBouncer is PostgreSQL's pooler")
+# What a worker sets on its own connections, by vendor (MySQL 8 has no idle-transaction bound).
+SETTINGS = {
+    "postgresql": ("lock_timeout", "idle_in_transaction_session_timeout", "statement_timeout"),
+    "mysql": (
+        "innodb_lock_wait_timeout",
+        "idle_transaction_timeout",
+        "max_statement_time",
+        "max_execution_time",
+    ),
+}
+POOL_SIZE = 3  # server connections PgBouncer keeps: fewer than the worker's own
+
+
+def session_values(conn: Any) -> dict[str, Any]:
+    """The values this Django connection's session has for the settings a worker makes."""
+    values = {}
+    with conn.cursor() as cursor:
+        for name in SETTINGS[conn.vendor]:
+            if conn.vendor == "postgresql":
+                cursor.execute(f"SHOW {name}")
+            else:
+                cursor.execute(
+                    "SELECT @@SESSION." + name if _has_variable(cursor, name) else "SELECT NULL"
+                )
+            values[name] = cursor.fetchone()[0]
+        if conn.vendor == "mysql":
+            cursor.execute(
+                "SELECT @jobqueue_innodb_lock_wait_timeout, @jobqueue_idle_transaction_timeout"
+            )
+            values["user variables"] = cursor.fetchone()
+    return values
+
+
+def _has_variable(cursor: Any, name: str) -> bool:
+    cursor.execute("SHOW SESSION VARIABLES LIKE %s", [name])
+    return cursor.fetchone() is not None
+
+
+@pytest.mark.skipif(VENDOR == "sqlite", reason="SQLite's busy timeout is its connection's own")
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "rolled-back"])
+def test_worker_transaction_settings_end_with_the_transaction(fails):
+    """What bound_waits() and statement_timeout() set holds inside the worker's transaction,
+    and the session has its own values back afterwards, even after a failed transaction."""
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+    before = session_values(connection)
+    seen: dict[str, Any] = {}
+
+    def txn() -> None:
+        with dialect.statement_timeout(7.0):
+            seen.update(session_values(connection))
+            if fails:
+                # A failed statement: Django then refuses queries until the rollback.
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT * FROM no_such_table_here")
+
+    try:
+        dialect.bound_waits(3.0, 11.0)
+        try:
+            dialect.run_in_transaction(txn)
+        except Exception:
+            assert fails
+        else:
+            assert not fails
+        if VENDOR == "postgresql":
+            assert seen["lock_timeout"] == "3s"
+            assert seen["idle_in_transaction_session_timeout"] == "11s"
+            assert seen["statement_timeout"] == "7s"
+        else:
+            assert int(seen["innodb_lock_wait_timeout"]) == 3
+            statement = seen["max_statement_time"] or seen["max_execution_time"]
+            assert float(statement) in (7.0, 7000.0)
+            if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+                assert int(seen["idle_transaction_timeout"]) == 11
+        assert session_values(connection) == before
+    finally:
+        # bound_waits() marked this thread's connection as a worker's: forget it.
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+
+
+# -- a real PgBouncer ----------------------------------------------------------------------------
+
+
+def _pgbouncer_binary() -> str:
+    found = shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        reason = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the PgBouncer tests cannot run in CI: {reason}")
+        pytest.skip(reason)
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def pgbouncer() -> Iterator[str]:
+    """Run PgBouncer in transaction mode on a free loopback port, in front of the test
+    database; yield its URL. It is stopped on exit."""
+    binary = _pgbouncer_binary()
+    db = connection.settings_dict
+    name, user = db["NAME"], db["USER"] or "postgres"
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    password = f" password={db['PASSWORD']}" if db["PASSWORD"] else ""
+    workdir = Path(tempfile.mkdtemp(prefix="jobqueue-pgbouncer-"))
+    listen_port = _free_port()
+    (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
+    (workdir / "pgbouncer.ini").write_text(
+        f"[databases]\n{name} = host={host} port={port} dbname={name} user={user}{password}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {listen_port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {workdir / 'userlist.txt'}\n"
+        f"pool_mode = transaction\ndefault_pool_size = {POOL_SIZE}\nmax_client_conn = 200\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+    )
+    command = [binary]
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        owner = pwd.getpwnam("postgres")
+        os.chown(workdir, owner.pw_uid, owner.pw_gid)
+        for path in workdir.iterdir():
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        command += ["-u", "postgres"]
+    log = (workdir / "pgbouncer.log").open("w")
+    proc = subprocess.Popen(
+        [*command, str(workdir / "pgbouncer.ini")], stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"postgres://{user}@127.0.0.1:{listen_port}/{name}"
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"pgbouncer exited:\n{(workdir / 'pgbouncer.log').read_text()}"
+                )
+            try:
+                psycopg.connect(_dsn(url), connect_timeout=2).close()
+            except psycopg.OperationalError:
+                return False
+            return True
+
+        poll(ready, timeout=30, interval=0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+@contextmanager
+def pooled_alias(url: str) -> Iterator[str]:
+    """Make "pooled" a Django alias of the test database through the pooler, in this process."""
+    import environ
+
+    config = {**environ.Env.db_url_config(url), "DISABLE_SERVER_SIDE_CURSORS": True}
+    connections.configure_settings(
+        {DEFAULT_DB_ALIAS: settings.DATABASES[DEFAULT_DB_ALIAS], "pooled": config}
+    )
+    settings.DATABASES["pooled"] = config
+    try:
+        connections["pooled"].connect()  # see tests/extra_databases.py: open it eagerly
+        yield "pooled"
+    finally:
+        with suppress(AttributeError):
+            connections["pooled"].close()
+            del connections["pooled"]
+        settings.DATABASES.pop("pooled", None)
+
+
+def server_defaults() -> dict[str, str]:
+    """The settings' values in a new session straight to the server."""
+    with psycopg.connect(**_direct()) as conn:
+        return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in SETTINGS["postgresql"]}
+
+
+def _direct() -> dict[str, Any]:
+    db = connection.settings_dict
+    return {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": db["PORT"] or 5432,
+        "dbname": db["NAME"],
+        "user": db["USER"] or "postgres",
+        "password": db["PASSWORD"] or None,
+    }
+
+
+def pooled_sessions(url: str) -> dict[int, dict[str, str]]:
+    """What plain clients of the pool see on every server connection: {backend pid: values}.
+
+    POOL_SIZE clients each hold a transaction open at once, so each is given a server
+    connection of its own: together they see every one the pool has.
+    """
+    clients = [psycopg.connect(_dsn(url)) for _ in range(POOL_SIZE)]
+    try:
+        seen = {}
+        for client in clients:  # not autocommit: each SHOW is in the client's transaction
+            pid = client.execute("SELECT pg_backend_pid()").fetchone()[0]
+            seen[pid] = {
+                n: client.execute(f"SHOW {n}").fetchone()[0] for n in SETTINGS["postgresql"]
+            }
+        return seen
+    finally:
+        for client in clients:
+            client.close()
+
+
+def assert_no_leak(url: str, defaults: dict[str, str]) -> None:
+    seen = pooled_sessions(url)
+    assert len(seen) == POOL_SIZE
+    leaked = {pid: values for pid, values in seen.items() if values != defaults}
+    assert not leaked, f"settings on pooled server connections (defaults {defaults}): {leaked}"
+
+
+def listening() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN django_jobqueue'"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@POSTGRES
+def test_worker_through_a_transaction_pooler_leaks_no_setting(start_worker, settings, tmp_path):
+    """Enqueue, claim, finish, heartbeat, reclaim and push wake-up all go through a
+    transaction-mode PgBouncer (the LISTEN on a direct alias), and no plain client of the pool
+    ever sees the worker's lock, idle or statement timeouts."""
+    defaults = server_defaults()
+    with pgbouncer() as url, pooled_alias(url):
+        settings.JOBQUEUE = {**settings.JOBQUEUE, "DATABASE": "pooled"}  # enqueue() through it
+        env = {
+            "JOBQUEUE_TEST_POOLED_URL": url,
+            "JOBQUEUE_TEST_DATABASE": "pooled",
+            "JOBQUEUE_TEST_LISTEN_DATABASE": "default",
+        }
+        # Polls a minute apart: a job done well before then was woken by its NOTIFY.
+        args = ("--poll-interval", "60", "--lease-ttl", "4", "--heartbeat-interval", "1")
+        worker = start_worker(*args, "--concurrency", "2", env=env)
+        warm = jobqueue.enqueue("test.noop")
+        wait_for_job(warm.pk, Job.State.DONE)  # claimed by the poll at start-up
+        registered = worker.wait_registered()
+        poll(listening, timeout=30)
+        time.sleep(0.5)  # idle now: its next poll is a minute away
+
+        woken = jobqueue.enqueue("test.add", {"a": 2, "b": 3})
+        assert wait_for_job(woken.pk, Job.State.DONE, timeout=30).result == 5
+
+        # Twice the lease TTL: it stays ours only if the heartbeat renews it through the pool.
+        long = jobqueue.enqueue("test.sleep", {"seconds": 8})
+        wait_for_job(long.pk, Job.State.RUNNING)
+        assert_no_leak(url, defaults)  # during the run
+        done = wait_for_job(long.pk, Job.State.DONE, timeout=60)
+        assert done.attempts == 1
+        beat = Worker.objects.get(pk=registered.pk).heartbeat_at
+        assert beat > registered.heartbeat_at
+
+        # A worker killed with a job in hand: another one reclaims it, through the pool too.
+        crash = jobqueue.enqueue("test.crash_once", {"marker": str(tmp_path / "crashed")})
+        assert worker.wait(60) == 137
+        rescuer = start_worker(*args, env=env)
+        rescued = wait_for_job(crash.pk, Job.State.DONE, timeout=90)
+        assert rescued.attempts == 2
+        assert rescuer.stop() == 0
+        assert_clean_log(rescuer.output())
+        assert_no_leak(url, defaults)  # after it
