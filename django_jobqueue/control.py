@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from . import conf, validation, workflows
 from .dialects import Dialect, get_dialect
 from .dialects.functions import DbNow
+from .enqueuing import create_container
 from .exceptions import InvalidJobError
 from .models import Job
 
@@ -171,8 +172,6 @@ def container(
     any child ended otherwise, and only after the block has exited (sealed). An empty container
     is `done` at once. If the block raises, the container is cancelled with its children.
     """
-    from .enqueuing import create_container
-
     box = create_container(name, group=group, parent=parent, queue=queue)
     try:
         yield box

@@ -5,6 +5,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from .validation import printable
+
 # An error record stays far below what any database accepts in a row, however often a job
 # fails: message and traceback are cut (the traceback keeps its end, where the error is) and
 # the per-attempt history keeps the most recent entries.
@@ -38,8 +40,6 @@ def log_text(value: object, limit: int = MAX_LOG_MESSAGE) -> str:
     newlines that forge log lines, or control characters that drive a terminal. Those are
     escaped (validation.printable) and the text is cut, so a log line stays one bounded line.
     """
-    from .validation import printable
-
     try:
         text = str(value)
     except Exception:  # a broken __str__ must not lose the log line

@@ -21,6 +21,7 @@ from .enqueuing import (
     _build,
     _check_refs,
     _ids,
+    enqueue,
     mark_dependents,
     new_job,
     runnable_state,
@@ -306,7 +307,6 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
             plain.append(None)
     if all(job is not None for job in plain):
         return builder.save()
-    from .enqueuing import enqueue
 
     def write() -> list[Job]:
         builder.saved = False

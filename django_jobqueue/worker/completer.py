@@ -20,6 +20,8 @@ import queue as queue_module
 import time
 from collections.abc import Callable
 
+from django.db import connections
+
 from .. import leases
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
@@ -95,8 +97,6 @@ class Completer(Duty):
                 if self._pending:  # rows locked by another transaction: come back shortly
                     time.sleep(0.05)
         finally:
-            from django.db import connections
-
             connections.close_all()
 
     def _drain_queue(self) -> None:
