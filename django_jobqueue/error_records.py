@@ -25,10 +25,18 @@ def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True)
     except Exception:  # a broken __str__ must not lose the attempt's outcome
         message = f"<{cls.__qualname__} whose str() failed>"
     tb = "".join(traceback.format_exception(exc)) if with_traceback else ""
+    return error_record(cls, message, attempt, traceback=tb)
+
+
+def error_record(
+    kind: str | type[BaseException], message: str, attempt: int | None, *, traceback: str = ""
+) -> dict[str, Any]:
+    """Build an error record of exception class `kind` (or its dotted path), cleaned and cut."""
+    name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
     return {
-        "type": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+        "type": storable_text(name),
         "message": _cut(storable_text(message), MAX_ERROR_MESSAGE),
-        "traceback": _cut(storable_text(tb), MAX_ERROR_TRACEBACK, keep_end=True),
+        "traceback": _cut(storable_text(traceback), MAX_ERROR_TRACEBACK, keep_end=True),
         "attempt": attempt,
     }
 

@@ -20,6 +20,8 @@ from . import wake
 from .dialects import Dialect
 from .dialects.base import Finished, terminal_columns
 from .dialects.functions import DbNow
+from .error_records import error_record
+from .exceptions import UpstreamFailed
 from .models import Job, JobDependency
 
 terminal_values = terminal_columns
@@ -37,12 +39,7 @@ def runnable_state() -> Case:
 
 def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
     """Return the last_error of a job cancelled because an upstream job ended badly."""
-    return {
-        "type": "django_jobqueue.exceptions.UpstreamFailed",
-        "message": f"upstream job {upstream_id} ended {upstream_state}",
-        "traceback": "",
-        "attempt": None,
-    }
+    return error_record(UpstreamFailed, f"upstream job {upstream_id} ended {upstream_state}", None)
 
 
 def on_terminal(
@@ -195,12 +192,9 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     if not ok:
         failed = children.exclude(state=Job.State.DONE).order_by("pk").values_list("pk", "state")
         first_id, first_state = failed[0]
-        extra["last_error"] = {
-            "type": "django_jobqueue.exceptions.UpstreamFailed",
-            "message": f"child job {first_id} ended {first_state}",
-            "traceback": "",
-            "attempt": None,
-        }
+        extra["last_error"] = error_record(
+            UpstreamFailed, f"child job {first_id} ended {first_state}", None
+        )
     jobs.filter(pk=container_id).update(**terminal_values(new_state, **extra))
     on_terminal(dialect, container_id, new_state, parent_id)
 
