@@ -32,8 +32,8 @@ def _uses_our_tasks_backend() -> bool:
         path = str(config.get("BACKEND", ""))
         if path == "django_jobqueue.backends.JobQueueBackend":
             return True
-        # Fix: a project's subclass of JobQueueBackend is ours too; without discovery its
-        # worker processes had no handler for any task and marked every task job dead.
+        # A project's subclass of JobQueueBackend is ours too: without discovery its worker
+        # processes would have no handler for any task and mark every task job dead.
         if not backends.HAS_TASKS:
             continue
         try:

@@ -134,8 +134,8 @@ if HAS_TASKS:
             if isinstance(task, JobQueueTask):
                 if task.weight is not None and task.weight < 1:
                     raise InvalidTask("weight must be at least 1.")
-                # Fix: max_attempts=0 and timeout=0 were taken for "not set" at enqueue (`or`)
-                # and silently became the backend's defaults; reject them like weight=0.
+                # Rejected like weight=0: max_attempts=0 and timeout=0 are not "not set", and
+                # must not silently become the backend's defaults.
                 if isinstance(task.max_attempts, int) and task.max_attempts < 1:
                     raise InvalidTask("max_attempts must be at least 1.")
                 timeout = task.timeout
@@ -156,10 +156,10 @@ if HAS_TASKS:
                 return
             self._tasks[key] = task
             registry.handler(key, takes_context=True)(_TaskRunner(self, task))
-            # Fix: task.using(backend=<another alias on this backend>) enqueues under that
-            # alias's key, but a worker process only imports the definitions (made for their
-            # own alias), so it had no handler and marked such jobs dead. Allowlist the task
-            # on every alias of this backend it is valid for.
+            # task.using(backend=<another alias on this backend>) enqueues under that alias's
+            # key, but a worker process only imports the definitions (made for their own
+            # alias): without this it would have no handler and mark such jobs dead.
+            # Allowlist the task on every alias of this backend it is valid for.
             for alias, params in task_backends.settings.items():
                 if alias == self.alias:
                     continue
@@ -217,7 +217,7 @@ if HAS_TASKS:
             job = enqueue_direct(
                 task_key(self.alias, task.module_path),
                 payload,
-                # Fix: Django's validation accepts a whole float (5.0); the queue wants an int.
+                # Django's validation accepts a whole float (5.0); the queue wants an int.
                 priority=int(task.priority),
                 queue=task.queue_name,
                 run_after=run_after,
@@ -246,10 +246,9 @@ if HAS_TASKS:
             return self._result(task, job)
 
         def _result(self, task: Task[Any, Any], job: Job) -> TaskResult[Any, Any]:
-            # Fix: result.task is the task as this job was enqueued, read from the row. It was
-            # the registered task (whatever using() had changed lost on get_result), and after
-            # using(run_after=<timedelta>) the result's task kept the timedelta instead of the
-            # aware datetime the job runs after.
+            # result.task is the task as this job was enqueued, read from the row: not the
+            # registered task (get_result would lose whatever using() changed), and with the
+            # aware datetime the job runs after, not a using(run_after=<timedelta>).
             enqueued: dict[str, Any] = {
                 "priority": job.priority,
                 "queue_name": job.queue,
@@ -346,9 +345,9 @@ if HAS_TASKS:
     def _import_task(module_path: str, backend: JobQueueBackend) -> Task[Any, Any] | None:
         """Find a task defined in this process (for any alias) to read a result with.
 
-        Fix: this imported the module a row's type named, so a forged row made the web
-        process import any module. Only tasks already defined here (tasks.py modules are
-        discovered at start-up) are resolved.
+        Only tasks already defined here (tasks.py modules are discovered at start-up) are
+        resolved: importing the module a row's type names would let a forged row make the
+        web process import any module.
         """
         from . import registry
 

@@ -7,9 +7,11 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .leases import Lease, renew_leases
+from .models import Job
+
 if TYPE_CHECKING:
     from .dialects import Dialect
-    from .models import Job
 
 
 @dataclasses.dataclass
@@ -42,8 +44,6 @@ class JobContext:
     @cached_property
     def upstream_results(self) -> dict[int, Any]:
         """Results of the jobs this job depends on, by job id."""
-        from .models import Job
-
         upstream = Job.objects.using(self._dialect.using).filter(
             downstream_edges__job_id=self.job.pk
         )
@@ -52,8 +52,6 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """Whether cancellation of this job was requested (asks the database each time)."""
-        from .models import Job
-
         return (
             Job.objects.using(self._dialect.using)
             .filter(pk=self.job.pk, cancel_requested=True)
@@ -68,8 +66,5 @@ class JobContext:
         """
         if self._renew is not None:
             return self._renew()
-        from .leases import Lease
-        from .worker.heartbeat import renew_leases
-
         lease = Lease(self.job_id, self.worker_id, self.attempt)
         return renew_leases(self._dialect, [lease], self.lease_ttl, check=True) == 1

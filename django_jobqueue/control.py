@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from . import conf, validation, workflows
 from .dialects import Dialect, get_dialect
 from .dialects.functions import DbNow
+from .enqueuing import create_container
 from .exceptions import InvalidJobError
 from .models import Job
 
@@ -96,9 +97,9 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
 
     def txn() -> Job:
         jobs = Job.objects.using(dialect.using)
-        # Fix: the upstream states below were read unlocked, so an upstream finishing
+        # The upstream states below are read under lock: read unlocked, an upstream finishing
         # concurrently (of a job cancelled while it waited) could miss this job, still
-        # cancelled for it, while this read it as unfinished: the job then waited forever.
+        # cancelled for it, while this read it as unfinished, and the job would wait forever.
         # Upstream rows first, then the job, as a worker finishing an upstream locks them.
         workflows.lock_upstream(dialect, [pk])
         found = list(dialect.lock_blocking(jobs.filter(pk=pk)))
@@ -171,8 +172,6 @@ def container(
     any child ended otherwise, and only after the block has exited (sealed). An empty container
     is `done` at once. If the block raises, the container is cancelled with its children.
     """
-    from .enqueuing import create_container
-
     box = create_container(name, group=group, parent=parent, queue=queue)
     try:
         yield box

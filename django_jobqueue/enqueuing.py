@@ -222,16 +222,16 @@ def _write(
             )
             mark_dependents(using, upstream_ids)
             if any(s in Job.FAILED_STATES for s in states.values()):
-                # Fix: a job created downstream of a dead or cancelled job used to wait
-                # forever (nothing would ever cancel or promote it). It is cancelled at once
-                # in that job's name, as it would have been had it existed then, so that
-                # retrying that job revives it.
+                # A job created downstream of a dead or cancelled job would wait forever
+                # (nothing would ever cancel or promote it): it is cancelled at once in that
+                # job's name, as it would have been had it existed then, so that retrying
+                # that job revives it.
                 workflows.cancel_blocked(get_dialect(using), [job.pk])
                 job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
             return None
 
         # In the caller's transaction: a savepoint, so that a missing or unusable upstream or
-        # parent (the locked check raises) leaves that transaction usable. Fix: in its own
+        # parent (the locked check raises) leaves that transaction usable. In its own
         # transaction, it is retried whole when the database breaks a deadlock (the rows
         # locked here are locked by workers too, in other orders).
         existing = get_dialect(using).run_in_caller_transaction(txn)
@@ -322,9 +322,10 @@ def create_container(
         )
 
     def txn() -> None:
-        # Fix: this ran in a plain atomic block (DEFERRED on SQLite: "database is locked"
-        # under load) and was not retried on a deadlock, unlike every other write; in the
-        # caller's transaction it is a savepoint, so a bad parent leaves that usable.
+        # A write transaction of the dialect's, as every other write: a plain atomic block
+        # is DEFERRED on SQLite ("database is locked" under load) and not retried on a
+        # deadlock. In the caller's transaction it is a savepoint, so a bad parent leaves
+        # that usable.
         box.pk = None
         box._state.adding = True
         _check_refs(using, [], parent_id, lock=True)
@@ -399,9 +400,9 @@ def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
 def _check_no_cycle(using: str, upstream_ids: list[int], parent_id: int) -> None:
     """Reject a child of `parent_id` that would wait for its own container to finish.
 
-    Fix: edges only point at existing jobs, but a container finishes after its children, so
-    a child depending on its container (or on anything that waits for the container, or for
-    one of its ancestors) was accepted and deadlocked: neither could ever finish.
+    Edges only point at existing jobs, but a container finishes after its children, so a
+    child depending on its container (or on anything that waits for the container, or for
+    one of its ancestors) could never finish, nor could the container.
     """
     wanted = set(upstream_ids)
     for level in waits_for(using, [parent_id]):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from .validation import printable
+
 # An error record stays far below what any database accepts in a row, however often a job
 # fails: message and traceback are cut (the traceback keeps its end, where the error is) and
 # the per-attempt history keeps the most recent entries.
@@ -23,10 +25,18 @@ def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True)
     except Exception:  # a broken __str__ must not lose the attempt's outcome
         message = f"<{cls.__qualname__} whose str() failed>"
     tb = "".join(traceback.format_exception(exc)) if with_traceback else ""
+    return error_record(cls, message, attempt, traceback=tb)
+
+
+def error_record(
+    kind: str | type[BaseException], message: str, attempt: int | None, *, traceback: str = ""
+) -> dict[str, Any]:
+    """Build an error record of exception class `kind` (or its dotted path), cleaned and cut."""
+    name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
     return {
-        "type": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+        "type": storable_text(name),
         "message": _cut(storable_text(message), MAX_ERROR_MESSAGE),
-        "traceback": _cut(storable_text(tb), MAX_ERROR_TRACEBACK, keep_end=True),
+        "traceback": _cut(storable_text(traceback), MAX_ERROR_TRACEBACK, keep_end=True),
         "attempt": attempt,
     }
 
@@ -38,8 +48,6 @@ def log_text(value: object, limit: int = MAX_LOG_MESSAGE) -> str:
     newlines that forge log lines, or control characters that drive a terminal. Those are
     escaped (validation.printable) and the text is cut, so a log line stays one bounded line.
     """
-    from .validation import printable
-
     try:
         text = str(value)
     except Exception:  # a broken __str__ must not lose the log line

@@ -131,7 +131,7 @@ class JobTimeout(JobQueueError):
 
 
 class LeaseLost(JobQueueError):
-    """A worker lost the lease on a job it was running (it expired and was reclaimed)."""
+    """Reserved, never raised: a lost lease is logged, and JobContext.renew_lease() says False."""
 
 
 class LeaseExpired(JobQueueError):
@@ -139,7 +139,7 @@ class LeaseExpired(JobQueueError):
 
 
 class WorkerShutdown(JobQueueError):
-    """A worker shut down before the job finished; the job was released, no attempt charged."""
+    """Reserved, never raised: a job released at shutdown goes back to `ready` with no error."""
 
 
 class UpstreamFailed(JobQueueError):
@@ -147,7 +147,7 @@ class UpstreamFailed(JobQueueError):
 
 
 class JobCancelled(JobQueueError):
-    """The job was cancelled while it ran; its result was discarded."""
+    """Reserved, never raised: a job cancelled while it ran keeps its attempt's error, if any."""
 
 
 class ResultNotStored(JobQueueError):

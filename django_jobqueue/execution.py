@@ -1,8 +1,8 @@
 """Run one claimed job: call its handler and say what should be recorded.
 
 The handler runs in an executor thread; its outcome (a result, or an error) is handed to the
-completer, which writes outcomes in batches on its own connection. Nothing here waits for the
-database after the handler returns.
+completer, which writes outcomes in batches on its own connection (see `outcomes`). Nothing
+here waits for the database after the handler returns.
 """
 
 from __future__ import annotations
@@ -17,32 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import ValidationError
-from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
-
 from . import leases, registry, signals, validation, wake
 from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
-from .error_records import error_info, log_text
 from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
 
 logger = logging.getLogger(__name__)
-
-# Errors that writing the same outcome again cannot cure: the database refuses a value, or a
-# value cannot even be turned into SQL (a run_after that is not a datetime fails in Python, as
-# a TypeError, ValueError, OverflowError or Django's ValidationError, before any statement).
-PERMANENT_ERRORS: tuple[type[Exception], ...] = (
-    DataError,
-    IntegrityError,
-    ProgrammingError,
-    NotSupportedError,
-    TypeError,
-    ValueError,
-    OverflowError,
-    ValidationError,
-)
 
 
 @dataclasses.dataclass(eq=False)
@@ -165,13 +147,9 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             if problem:
                 raise ResultNotStored(f"job {job.pk} cannot store its result: {problem}")
             text = json.dumps(result)
-    except JobTimeout as exc:
-        # Raised into this thread by the dispatcher, which settled the attempt already; or by
-        # an async handler timing itself out, in which case this records it.
-        if not flight.settle():
-            return None
-        return Outcome(flight, error=exc, duration=flight.duration())
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
+        # A JobTimeout was raised into this thread by the dispatcher, which settled the attempt
+        # already; or by an async handler timing itself out, in which case this records it.
         if not flight.settle():
             return None
         return Outcome(flight, error=exc, duration=flight.duration())
@@ -185,78 +163,20 @@ def failure_plan(outcome: Outcome, conf: JobQueueSettings) -> dict[str, Any]:
     exc = outcome.error
     assert exc is not None
     job, lease = outcome.flight.job, outcome.flight.lease
-    plan: dict[str, Any] = {"parent_id": job.parent_id}
-    if (
-        isinstance(exc, Fail | UnknownHandlerError | ResultNotStored)
-        or lease.attempt >= job.max_attempts
-    ):
-        plan["dead"] = True
-    elif isinstance(exc, Retry):
-        plan.update(retry_in=exc.delay, retry_at=exc.at)
-    else:
-        plan["retry_in"] = leases.backoff_seconds(
-            lease.attempt, conf.retry_backoff, conf.retry_backoff_max
-        )
-    return plan
+    if isinstance(exc, Fail | UnknownHandlerError | ResultNotStored):
+        return {"parent_id": job.parent_id, "dead": True}
+    if isinstance(exc, Retry) and lease.attempt < job.max_attempts:
+        return {"parent_id": job.parent_id, "retry_in": exc.delay, "retry_at": exc.at}
+    return plain_failure_plan(outcome.flight, conf)
 
 
-def record_failure(
-    dialect: Dialect,
-    outcome: Outcome,
-    conf: JobQueueSettings,
-    *,
-    on_refused: Callable[[], None] = lambda: None,
-) -> tuple[str | None, dict[str, Any]]:
-    """Write a failed attempt (leases.fail); return the job's new state (or BUSY) and the plan.
-
-    What cannot be written as planned is written more plainly, so that one bad outcome never
-    holds back the others: with a plain error record when the database refuses the record,
-    then, when the plan itself cannot be written, as an ordinary failure (backoff, or `dead`
-    on the last attempt) whose error says why. State None: not even that could be written
-    (or the lease was lost); the lease is left to expire and the reclaimer takes the job back.
-    `on_refused` runs after each refused write (the completer drops its connection there).
-    """
-    assert outcome.error is not None
-    lease = outcome.flight.lease
-    plan = failure_plan(outcome, conf)
-    error = error_info(outcome.error, lease.attempt)
-    try:
-        return leases.fail(dialect, lease, error, **plan), plan
-    except PERMANENT_ERRORS as exc:
-        on_refused()
-        refused = log_text(exc)
-    plain = {"type": error["type"], "message": "(could not be stored)", "traceback": "",
-             "attempt": lease.attempt}  # fmt: skip
-    try:
-        state = leases.fail(dialect, lease, plain, **plan)
-    except PERMANENT_ERRORS as exc:
-        on_refused()
-        problem = f"{type(exc).__qualname__}: {log_text(exc)}"
-    else:
-        logger.error("Could not store the error of job id=%s: %s", lease.job_id, refused)
-        return state, plan
-    logger.error(
-        "Could not record the outcome of job id=%s as planned (%s); recording it as a failure",
-        lease.job_id, problem,
-    )  # fmt: skip
-    plain["message"] = f"(the outcome could not be recorded as planned: {problem})"
-    job = outcome.flight.job
-    plan = {"parent_id": job.parent_id}
+def plain_failure_plan(flight: InFlight, conf: JobQueueSettings) -> dict[str, Any]:
+    """Return leases.fail()'s arguments for an ordinary failure: backoff, or `dead` at the last."""
+    job, lease = flight.job, flight.lease
     if lease.attempt >= job.max_attempts:
-        plan["dead"] = True
-    else:
-        plan["retry_in"] = leases.backoff_seconds(
-            lease.attempt, conf.retry_backoff, conf.retry_backoff_max
-        )
-    try:
-        return leases.fail(dialect, lease, plain, **plan), plan
-    except PERMANENT_ERRORS as exc:
-        on_refused()
-        logger.error(
-            "Could not record the failure of job id=%s at all (%s); its lease is left to "
-            "expire", lease.job_id, log_text(exc),
-        )  # fmt: skip
-        return None, plan
+        return {"parent_id": job.parent_id, "dead": True}
+    delay = leases.backoff_seconds(lease.attempt, conf.retry_backoff, conf.retry_backoff_max)
+    return {"parent_id": job.parent_id, "retry_in": delay}
 
 
 def about(flight: InFlight, duration: float | None = None) -> dict[str, Any]:
@@ -287,60 +207,6 @@ def log_extra(
         "duration": duration,
         "job_state": state,
     }
-
-
-def send_outcome_signals(outcome: Outcome, state: str | None) -> None:
-    """Send job_finished, or job_failed (and job_dead), for a recorded outcome."""
-    if state is None:
-        return  # the lease was lost: another worker owns the job's fate
-    if outcome.error is None:
-        if signals.job_finished.receivers:
-            kwargs = about(outcome.flight, outcome.duration)
-            result = outcome.result if state == "done" else None  # a cancelled one's is dropped
-            signals.send(signals.job_finished, **kwargs, state=state, result=result)
-        return
-    if signals.job_failed.receivers:
-        kwargs = about(outcome.flight, outcome.duration)
-        signals.send(signals.job_failed, **kwargs, error=outcome.error, state=state)
-    if state == "dead" and signals.job_dead.receivers:
-        signals.send(
-            signals.job_dead, **about(outcome.flight, outcome.duration), error=outcome.error
-        )
-
-
-def log_outcome(outcome: Outcome, state: str | None, plan: dict[str, Any] | None = None) -> None:
-    """Log what became of an attempt."""
-    flight = outcome.flight
-    job, lease = flight.job, flight.lease
-    extra = log_extra(flight, outcome.duration, state)
-    if state is None:
-        logger.warning(
-            "Lost the lease on job id=%s type=%s attempt=%s; its outcome was discarded",
-            job.pk, job.type, lease.attempt, extra=extra,
-        )  # fmt: skip
-        return
-    if outcome.error is None:
-        logger.debug(
-            "Job id=%s type=%s attempt=%s %s in %.3fs",
-            job.pk, job.type, lease.attempt, state, outcome.duration, extra=extra,
-        )  # fmt: skip
-        return
-    exc = outcome.error
-    when = ""
-    if state in ("ready", "scheduled") and plan:
-        asked = isinstance(exc, Retry) and plan.get("retry_in") == exc.delay
-        if plan.get("retry_at") is not None or asked:
-            when = f" (retry asked for: delay={plan.get('retry_in')} at={plan.get('retry_at')})"
-        else:
-            when = f", retry in {plan.get('retry_in', 0):.1f}s"
-    verb = {"ready": "failed", "scheduled": "failed", "dead": "died", "cancelled": "was cancelled"}
-    cls = type(exc)
-    logger.log(
-        logging.ERROR if state == "dead" else logging.WARNING,
-        "Job id=%s type=%s attempt=%s %s after %.3fs%s: %s.%s: %s",
-        job.pk, job.type, lease.attempt, verb.get(state, state), outcome.duration, when,
-        cls.__module__, cls.__qualname__, log_text(exc), extra=extra,
-    )  # fmt: skip
 
 
 # An async handler times itself out (asyncio.wait_for, in its own thread) and records the

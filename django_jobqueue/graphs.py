@@ -20,6 +20,7 @@ from .enqueuing import (
     _build,
     _check_refs,
     _ids,
+    enqueue,
     mark_dependents,
     new_job,
     runnable_state,
@@ -166,8 +167,8 @@ class Graph:
             )
             mark_dependents(using, external_up)
             if any(s in Job.FAILED_STATES for s in states.values()):
-                # Fix: jobs downstream of an existing dead or cancelled job used to wait
-                # forever; they are cancelled in its name, as enqueue() does.
+                # Jobs downstream of an existing dead or cancelled job would wait forever:
+                # they are cancelled in its name, as enqueue() does.
                 cancelled = workflows.cancel_blocked(
                     get_dialect(using), [int(n.job.pk) for n in self._nodes if n.upstream]
                 )
@@ -205,8 +206,8 @@ class Graph:
     ) -> None:
         """Reject a graph in which a job would wait, directly or not, for its own container.
 
-        Fix: nodes only name earlier nodes, but a container finishes after its children, so a
-        child depending on its container (or on a job depending on it) deadlocked both.
+        Nodes only name earlier nodes, but a container finishes after its children, so a
+        child depending on its container (or on a job depending on it) would block both.
         `after[a]` holds what cannot finish before `a` does; the graph must have no cycle.
         """
         after: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
@@ -301,7 +302,6 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
             plain.append(None)
     if all(job is not None for job in plain):
         return builder.save()
-    from .enqueuing import enqueue
 
     def write() -> list[Job]:
         builder.saved = False

@@ -34,7 +34,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BUSY", "MAX_DELAY", "Lease", "backoff_seconds", "claim", "fail", "finish"]
+__all__ = [
+    "BUSY",
+    "MAX_DELAY",
+    "Lease",
+    "backoff_seconds",
+    "claim",
+    "fail",
+    "finish",
+    "renew_leases",
+]
 
 # fail() could not lock the job's row (another transaction holds it): try again later.
 BUSY = "busy"
@@ -56,10 +65,6 @@ class Lease:
             attempts=self.attempt,
             state__in=Job.LEASED_STATES,
         )
-
-
-def _seconds(value: float) -> dt.timedelta:
-    return seconds(value)
 
 
 def current(leases: Iterable[Lease]) -> Q:
@@ -209,6 +214,47 @@ def finish(
     return report.finished[0].state if report.finished else None
 
 
+# Seconds one statement of a renewal may run, at most, where the server can bound it.
+RENEW_STATEMENT_TIMEOUT = 5.0
+
+
+def renew_leases(
+    dialect: Dialect,
+    leases: Iterable[Lease],
+    lease_ttl: float,
+    *,
+    check: bool = False,
+    statement_timeout: float = RENEW_STATEMENT_TIMEOUT,
+) -> int:
+    """Push back the deadline of every lease in `leases`; return how many are still held.
+
+    Rows another transaction holds locked are skipped, not waited for. With `check`, a
+    skipped lease that is still current counts as held. The leases are renewed in chunks of
+    FENCE_CHUNK, each its own short transaction whose statements may run `statement_timeout`
+    seconds at most: a worker holding thousands of leases never holds a transaction open
+    for long.
+    """
+    leases = list(leases)
+
+    def renew(condition: Q, count: int) -> int:
+        with dialect.statement_timeout(statement_timeout):
+            jobs = Job.objects.using(dialect.using)
+            free = list(dialect.lock(jobs.filter(condition)).values_list("pk", flat=True))
+            renewed = 0
+            if free:
+                renewed = jobs.filter(condition, pk__in=free).update(
+                    lease_expires=DbNow() + seconds(lease_ttl), heartbeat_at=DbNow()
+                )
+            if check and renewed < count:
+                renewed += jobs.filter(condition).exclude(pk__in=free).count()
+            return renewed
+
+    held = 0
+    for condition, count in fences(leases):
+        held += dialect.run_in_transaction(functools.partial(renew, condition, count), tries=2)
+    return held
+
+
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     """Return the delay before retry number `attempt`: exponential, capped, with +-25% jitter."""
     # The exponent is capped before the power, or attempt 1025 would overflow a float.
@@ -225,14 +271,13 @@ def fail(
     retry_at: dt.datetime | None = None,
     dead: bool = False,
     parent_id: int | None = None,
-    previous_errors: list[dict[str, Any]] | None = None,
 ) -> str | None:
     """Record a failed attempt: back to `scheduled`/`ready` after a delay, or `dead`.
 
     A job whose cancellation was requested ends `cancelled` instead. Returns the new state,
     None when the lease is no longer current, or BUSY when another transaction holds the row
-    locked (nothing is written; try again). `previous_errors` is ignored: the history is read
-    from the row under its lock.
+    locked (nothing is written; try again). The error history is read from the row under its
+    lock.
     """
 
     def txn() -> str | None:
@@ -258,7 +303,7 @@ def fail(
             )
             return str(state)
         delay = retry_in or 0.0
-        run_after = retry_at if retry_at is not None else DbNow() + _seconds(delay)
+        run_after = retry_at if retry_at is not None else DbNow() + seconds(delay)
         # Due at once: `ready` now. Otherwise `scheduled`, out of the ready index until the
         # promoter finds it due (a retry_at already past is promoted at once).
         state = Job.State.READY if retry_at is None and delay <= 0 else Job.State.SCHEDULED

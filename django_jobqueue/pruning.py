@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -98,25 +98,39 @@ def prune_batch(
         if not rows:
             return batch
         last[:] = [rows[-1][1], rows[-1][0]]
-        ids = [row[0] for row in rows]
-        feeding, open_parents = _needed(dialect, ids, {r[2] for r in rows if r[2] is not None})
-        keep = {pk for pk, _, parent_id, _ in rows if pk in feeding or parent_id in open_parents}
-        batch.needed = len(keep)
-        going = [pk for pk in ids if pk not in keep]
-        parents = _containers_with_children(
-            dialect, [pk for pk, _, _, box in rows if box and pk not in keep], going
-        )
-        batch.containers = len(parents)
-        going = [pk for pk in going if pk not in parents]
+        finished = [(pk, parent_id, box) for pk, _, parent_id, box in rows]
+        going, batch.needed, batch.containers = deletable(dialect, finished)
         batch.deleted = len(going)
         if going and not dry_run:
-            delete_jobs(dialect, going, containers={pk for pk, _, _, box in rows if box})
+            delete_jobs(dialect, going, containers={pk for pk, _, box in finished if box})
         return batch
 
     batch = txn() if dry_run else dialect.run_in_transaction(txn)
     if last:
         cursor.finished_at, cursor.pk = last
     return batch
+
+
+def deletable(
+    dialect: Dialect, rows: Sequence[tuple[int, int | None, bool]]
+) -> tuple[list[int], int, int]:
+    """Return which finished jobs of `rows` (id, container id, is a container) may be deleted.
+
+    The one rule for deleting finished jobs (the pruner's and the admin's): a job stays while
+    an unfinished job depends on it or while its container is not final; a container stays
+    while it has a child that is not deleted with it. The caller holds the rows locked, and
+    enqueue() locks the upstream rows it references, so no new dependency slips in before the
+    delete. Returns the ids that may go (in the order of `rows`), and how many stay for each
+    of the two reasons.
+    """
+    ids = [pk for pk, _, _ in rows]
+    feeding, open_parents = _needed(dialect, ids, {p for _, p, _ in rows if p is not None})
+    keep = {pk for pk, parent_id, _ in rows if pk in feeding or parent_id in open_parents}
+    going = [pk for pk in ids if pk not in keep]
+    parents = _containers_with_children(
+        dialect, [pk for pk, _, box in rows if box and pk not in keep], going
+    )
+    return [pk for pk in going if pk not in parents], len(keep), len(parents)
 
 
 def _needed(dialect: Dialect, ids: list[int], parent_ids: set[int]) -> tuple[set[int], set[int]]:

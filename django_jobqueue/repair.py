@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Exists, F, OuterRef, QuerySet
+from django.db.models import F
 from django.db.models.functions import Greatest
 
-from . import conf, workflows
+from . import conf, pruning, workflows
 from .control import _pk
 from .dialects import get_dialect
 from .dialects.functions import DbNow
@@ -74,48 +74,32 @@ def release_lease(job: Job | int) -> str:
     return dialect.run_in_caller_transaction(txn)
 
 
-def _deletable(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Narrow `jobs` to finished ones that no unfinished job needs, nor still has children."""
-    needed = JobDependency.objects.filter(
-        depends_on_id=OuterRef("pk"), job__state__in=Job.UNFINISHED_STATES
-    )
-    child = Job.objects.filter(parent_id=OuterRef("pk"))
-    # A subquery, not a join: rows are locked FOR UPDATE, which an outer join forbids.
-    open_parent = Job.objects.filter(pk=OuterRef("parent_id"), state__in=Job.UNFINISHED_STATES)
-    return (
-        jobs.filter(state__in=Job.TERMINAL_STATES)
-        .exclude(Exists(needed))
-        .exclude(Exists(child))
-        .exclude(Exists(open_parent))
-    )
-
-
 def delete_finished(ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
     """Delete those of jobs `ids` that are finished and that no unfinished job needs.
 
-    A job is kept when it has not finished, when an unfinished job depends on it, when its
-    container has not finished, or when it is a container with children left (children
-    selected with it go first). Candidate rows are locked before the delete, and enqueue()
-    locks the upstream rows it references, so no new dependency can slip in between. Returns
-    the deleted ids and, for each kept id, why it was kept.
+    The pruner's rule (`pruning.deletable`): a job is kept when it has not finished, when an
+    unfinished job depends on it, when its container has not finished, or when it is a
+    container with children left (children selected with it go with it). Candidate rows are
+    locked before the delete, and enqueue() locks the upstream rows it references, so no new
+    dependency can slip in between. Returns the deleted ids and, for each kept id, why it
+    was kept.
     """
     dialect = get_dialect(conf.get().database)
     wanted = sorted(set(ids))
 
     def txn() -> list[int]:
-        jobs = Job.objects.using(dialect.using)
-        deleted: list[int] = []
-        while True:  # leaves first: a container becomes deletable once its children are gone
-            left = [pk for pk in wanted if pk not in set(deleted)]
-            batch = list(
-                dialect.lock_blocking(
-                    _deletable(jobs.filter(pk__in=left)).order_by("pk")
-                ).values_list("pk", flat=True)
+        finished = Job.objects.using(dialect.using).filter(
+            pk__in=wanted, state__in=Job.TERMINAL_STATES
+        )
+        rows = list(
+            dialect.lock_blocking(finished.order_by("pk")).values_list(
+                "pk", "parent_id", "is_container"
             )
-            if not batch:
-                return deleted
-            _deletable(jobs.filter(pk__in=batch)).delete()
-            deleted.extend(batch)
+        )
+        going, _, _ = pruning.deletable(dialect, rows)
+        if going:
+            pruning.delete_jobs(dialect, going, containers={pk for pk, _, box in rows if box})
+        return going
 
     deleted = dialect.run_in_caller_transaction(txn)
     return deleted, _why_kept(dialect.using, [pk for pk in wanted if pk not in set(deleted)])

@@ -88,9 +88,8 @@ def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> 
     Both are caps on the jobs in flight: the effective cap is the smaller one, and the room
     is that cap minus the jobs already in flight.
     """
-    # Fix: the dynamic cap used to be taken as room (not minus in_flight), so a hook
-    # returning 1 let a new job start on every claim while others ran (overlap up to the
-    # worker's concurrency); it is a cap on running jobs, like GROUP_LIMITS.
+    # The dynamic cap is a cap on running jobs, like GROUP_LIMITS, not room: taken as room, a
+    # hook returning 1 would let a new job start on every claim while others ran.
     caps = [c for c in (limit, dynamic) if c is not None]
     return max(0, min(caps) - in_flight) if caps else None
 
@@ -245,9 +244,9 @@ class Scheduler:
 
         The slots a group left unused are planned again.
 
-        Fix: a group whose ready rows were all locked by concurrent claims (SKIP LOCKED) or
-        were fewer than the cached view said got its slots anyway, and nobody else did: a
-        claim could come back empty while other groups had claimable jobs.
+        A group whose ready rows were all locked by concurrent claims (SKIP LOCKED), or were
+        fewer than the cached view said, gives its slots back to the others: otherwise a claim
+        could come back empty while other groups had claimable jobs.
         """
         rows: list[tuple[int, str, str]] = []
         taken: dict[str, int] = {}
@@ -302,8 +301,8 @@ class Scheduler:
         keys = sorted(
             [f"group:{g}" for g in groups if g in self._locked_groups()]
             + [f"queue:{q}" for q in self.queue_limits]
-            # Fix: a dynamic cap is as global as GROUP_LIMITS, but no row serialized the claims
-            # it governs, so two workers could both see room for the same last slot.
+            # A dynamic cap is as global as GROUP_LIMITS: its row serializes the claims it
+            # governs, or two workers could both see room for the same last slot.
             + ([DYNAMIC_KEY] if self.dynamic is not None else [])
         )
         if keys:

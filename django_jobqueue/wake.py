@@ -1,34 +1,19 @@
 """The wake path: producers say "there is new work" on commit; idle workers wait for it.
 
 Polling stays the backstop: a worker waits at most its poll interval, so a lost signal costs
-latency, never a job. Other transports (PostgreSQL LISTEN/NOTIFY) register as listeners.
+latency, never a job. Across processes, PostgreSQL's NOTIFY does the same (worker.listener).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 _event = threading.Event()
-_listeners: list[Callable[[str, str], None]] = []
 
 
 def notify(using: str, queue: str) -> None:
     """Tell waiting workers that `queue` on database `using` has new work (call after commit)."""
     _event.set()
-    for listener in list(_listeners):
-        listener(using, queue)
-
-
-def add_listener(listener: Callable[[str, str], None]) -> None:
-    """Call `listener(using, queue)` on every notify()."""
-    _listeners.append(listener)
-
-
-def remove_listener(listener: Callable[[str, str], None]) -> None:
-    """Stop calling `listener`."""
-    if listener in _listeners:
-        _listeners.remove(listener)
 
 
 def wait(timeout: float) -> bool:

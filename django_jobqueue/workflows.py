@@ -19,6 +19,8 @@ from . import wake
 from .dialects import Dialect
 from .dialects.base import Finished, terminal_columns
 from .dialects.functions import DbNow
+from .error_records import error_record
+from .exceptions import UpstreamFailed
 from .models import Job, JobDependency
 
 terminal_values = terminal_columns
@@ -26,12 +28,7 @@ terminal_values = terminal_columns
 
 def upstream_error(upstream_id: int, upstream_state: str) -> dict[str, Any]:
     """Return the last_error of a job cancelled because an upstream job ended badly."""
-    return {
-        "type": "django_jobqueue.exceptions.UpstreamFailed",
-        "message": f"upstream job {upstream_id} ended {upstream_state}",
-        "traceback": "",
-        "attempt": None,
-    }
+    return error_record(UpstreamFailed, f"upstream job {upstream_id} ended {upstream_state}", None)
 
 
 def on_terminal(
@@ -154,11 +151,10 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     its children (see `control.seal` for why that is safe).
     """
     jobs = Job.objects.using(dialect.using)
-    # Fix: this used to lock the container before looking at it, open or not. A producer
-    # adding a child with depends_on holds the open container's lock while it locks the
-    # upstream rows, and a worker finishing one of those (or rolling up a container inside
-    # the open one) held that row and then waited for the open container: a deadlock
-    # (seen on PostgreSQL). An open container cannot roll up, so it needs no lock here.
+    # Look before locking: a producer adding a child with depends_on holds the open
+    # container's lock while it locks the upstream rows, so a worker finishing one of those
+    # (or rolling up a container inside the open one) that then waited for the open container
+    # would deadlock with it. An open container cannot roll up, so it needs no lock here.
     peek = jobs.filter(pk=container_id).values_list("is_container", "sealed", "state").first()
     if peek is None or not peek[0] or not peek[1] or peek[2] in Job.TERMINAL_STATES:
         return
@@ -184,12 +180,9 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     if not ok:
         failed = children.exclude(state=Job.State.DONE).order_by("pk").values_list("pk", "state")
         first_id, first_state = failed[0]
-        extra["last_error"] = {
-            "type": "django_jobqueue.exceptions.UpstreamFailed",
-            "message": f"child job {first_id} ended {first_state}",
-            "traceback": "",
-            "attempt": None,
-        }
+        extra["last_error"] = error_record(
+            UpstreamFailed, f"child job {first_id} ended {first_state}", None
+        )
     jobs.filter(pk=container_id).update(**terminal_values(new_state, **extra))
     on_terminal(dialect, container_id, new_state, parent_id)
 
@@ -231,10 +224,10 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
     candidates = list(cancelled.values_list("pk", flat=True))
     if not candidates:
         return []
-    # Fix: the revived jobs' upstream states used to be read unlocked, so an upstream dying
-    # (or finishing) concurrently saw the jobs still cancelled and skipped them, while this
-    # saw the upstream still running: the job was left waiting forever. Upstream rows are
-    # locked first, then the jobs, in the order a worker finishing an upstream locks them.
+    # The upstream states are read under lock: read unlocked, an upstream dying (or finishing)
+    # concurrently would see the jobs still cancelled and skip them while this saw it still
+    # running, and the job would wait forever. Upstream rows first, then the jobs: the order
+    # a worker finishing an upstream locks them in.
     lock_upstream(dialect, candidates)
     rows = list(
         dialect.lock_blocking(cancelled.filter(pk__in=candidates).order_by("pk")).values_list(
@@ -251,13 +244,9 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
         unique_slot=1,
         updated_at=DbNow(),
     )
-    # Fix: the re-cancel pass used to check the jobs once, in id order, which is not always
-    # upstream-first (Graph inserts children after top-level nodes), so a job whose upstream
-    # was re-cancelled after it had been checked stayed waiting forever. And the jobs revived
-    # here that belong to another dead container never re-opened it: it stayed dead (and its
-    # downstream cancelled) even after they finished.
-    # The revived jobs count as open children of their containers again (before any of them
-    # is cancelled again below, which counts it as finished once more).
+    # The revived jobs count as open children of their containers again, or a dead container
+    # would stay dead (and its downstream cancelled) after they finished; this comes before
+    # any of them is cancelled again below, which counts it as finished once more.
     for parent_id in sorted({p for _, p in rows if p is not None}):
         reopen_counts(dialect, parent_id)
     recancelled = cancel_blocked(dialect, ids)

@@ -59,15 +59,16 @@ def counts_elsewhere() -> tuple[int, int]:
 
 
 @pytest.fixture
-def wake_calls() -> Iterator[list[tuple[str, str]]]:
+def wake_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
     calls: list[tuple[str, str]] = []
+    notify = wake.notify
 
-    def listener(using: str, queue: str) -> None:
+    def recording_notify(using: str, queue: str) -> None:
         calls.append((using, queue))
+        notify(using, queue)
 
-    wake.add_listener(listener)
+    monkeypatch.setattr(wake, "notify", recording_notify)
     yield calls
-    wake.remove_listener(listener)
 
 
 def test_public_api() -> None:

@@ -1,11 +1,11 @@
 """run_jobs(): run queued jobs in the caller's thread, through the worker's own code paths.
 
-A worker claims (`leases.claim`), runs (`execution.run`) and records (`leases.finish_many`,
-`leases.fail`, with `execution.failure_plan`); the graph reacts inside those writes
-(`workflows`). This module does the same, one job at a time, in the calling thread and on its
-database connection, so a test sees exactly what production would write. Only the wiring
-differs: no threads, no heartbeat, no reclaimer, and inside a test's wrapping transaction the
-engine's transactions become savepoints of it (see `_InCallerTransaction`).
+A worker claims (`leases.claim`), runs (`execution.run`) and records (`outcomes.record`);
+the graph reacts inside those writes (`workflows`). This module does the same, one job at a
+time, in the calling thread and on its database connection, so a test sees exactly what
+production would write. Only the wiring differs: no threads, no heartbeat, no reclaimer, and
+inside a test's wrapping transaction the engine's transactions become savepoints of it (see
+`_InCallerTransaction`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, TypeVar
 from django.db import DatabaseError, transaction
 
 from .. import conf as conf_module
-from .. import execution, leases
+from .. import execution, leases, outcomes
 from ..dialects import Dialect, get_dialect
-from ..exceptions import JobQueueError, ResultNotStored
+from ..dialects.functions import DbNow
+from ..exceptions import JobQueueError
+from ..models import Job
+from ..worker.promoter import promote_due
 
 if TYPE_CHECKING:
     from ..conf import JobQueueSettings
-    from ..models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ __all__ = ["DEFAULT_MAX_RUNS", "RunReport", "RunawayJobsError", "run_jobs"]
 
 # Attempts one run_jobs() call makes at most, unless told otherwise.
 DEFAULT_MAX_RUNS = 1000
-# Errors that writing the same outcome again cannot cure (the worker's completer's).
-PERMANENT_ERRORS = execution.PERMANENT_ERRORS
 
 
 class RunawayJobsError(JobQueueError):
@@ -149,8 +149,6 @@ def run_jobs(
         if outcome is not None:
             _record(dialect, settings, owner, outcome)
     if ran:
-        from ..models import Job
-
         by_id = Job.objects.using(dialect.using).in_bulk(list(ran))
         report.jobs = [by_id[pk] for pk in ran if pk in by_id]
     return report
@@ -160,10 +158,6 @@ def _promote(
     dialect: Dialect, settings: JobQueueSettings, queues: list[str], *, ignore_delays: bool
 ) -> None:
     """Make due what is due (as the worker's promoter does); with `ignore_delays`, everything."""
-    from ..dialects.functions import DbNow
-    from ..models import Job
-    from ..worker.promoter import promote_due
-
     if ignore_delays:
 
         def make_due() -> int:
@@ -210,36 +204,10 @@ def _database_error(error: BaseException | None) -> bool:
 
 def _record(
     dialect: Dialect, settings: JobQueueSettings, owner: str, outcome: execution.Outcome
-) -> str | None:
-    """Write an attempt's outcome as the worker's completer does; return the job's new state."""
-    from ..error_records import log_text
-
-    lease = outcome.flight.lease
-    if outcome.succeeded:
-        try:
-            report = leases.finish_many(
-                dialect, owner, [(lease.job_id, lease.attempt, outcome.text)]
-            )
-        except PERMANENT_ERRORS as exc:
-            logger.error(
-                "The database refused the result of job id=%s: %s", lease.job_id, log_text(exc)
-            )
-            outcome.error = ResultNotStored(f"the database refused the result: {exc}")
-            outcome.result = outcome.text = None
-        else:
-            if report.busy:
-                raise _busy(lease.job_id)
-            state = report.finished[0].state if report.finished else None
-            if state is None:
-                execution.log_outcome(outcome, state)
-            execution.send_outcome_signals(outcome, state)
-            return state
-    state, plan = execution.record_failure(dialect, outcome, settings)
-    if state == leases.BUSY:
-        raise _busy(lease.job_id)
-    execution.log_outcome(outcome, state, plan)
-    execution.send_outcome_signals(outcome, state)
-    return state
+) -> None:
+    """Write an attempt's outcome as the worker's completer does (`outcomes.record`)."""
+    if outcomes.record(dialect, settings, owner, [outcome]):
+        raise _busy(outcome.flight.lease.job_id)
 
 
 def _busy(job_id: int) -> RuntimeError:

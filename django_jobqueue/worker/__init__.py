@@ -40,7 +40,7 @@ from .duty import Duty
 from .executor import Executor
 from .flights import Flights
 from .heartbeat import Heartbeat
-from .listener import Listener
+from .listener import WakeListener
 from .promoter import Promoter
 from .pruner import Pruner
 from .reclaimer import Reclaimer
@@ -244,7 +244,7 @@ class JobWorker:
             # transaction-mode pooler, which everything else may go through.
             listen = get_dialect(conf.listen_database or conf.database)
             duties.append(
-                Listener(
+                WakeListener(
                     listen, queues=self.queues, on_notify=wake.wake_up, lock_timeout=lock_timeout
                 )
             )
@@ -281,9 +281,9 @@ class JobWorker:
         wake.wake_up()
 
     def _request_stop(self) -> None:
-        # Plain attribute writes, no locks: safe in a signal handler. Fix: a signal during
-        # start-up (before the dispatcher exists) was dropped, and the worker ran until a
-        # second one; run() stops the dispatcher it creates after this.
+        # Plain attribute writes, no locks: safe in a signal handler. The flag outlives a
+        # signal during start-up (before the dispatcher exists): run() stops the dispatcher
+        # it creates after this.
         self._stop_requested = True
         if self.dispatcher is not None:
             self.dispatcher.stopping = True
@@ -303,11 +303,10 @@ class JobWorker:
                 os.write(2, b"jobqueue worker: second signal, exiting at once\n")
                 os._exit(128 + signum)
             logger.info("Signal %s: finishing in-flight jobs, then stopping", signum)
-            # Fix: no wake-up from here. A handler runs in the main thread between two
-            # bytecodes, possibly while that thread holds the wake event's lock (inside
-            # Event.wait() or clear()); Event.set() then waited for that lock forever, and the
-            # worker hung after "finishing in-flight jobs". The dispatcher (the main thread)
-            # sees the flag when its current wait ends, within its poll interval.
+            # No wake-up from here. A handler runs in the main thread between two bytecodes,
+            # possibly while that thread holds the wake event's lock (inside Event.wait() or
+            # clear()): Event.set() would wait for that lock forever. The dispatcher (the main
+            # thread) sees the flag when its current wait ends, within its poll interval.
             self._request_stop()
 
         signal.signal(signal.SIGTERM, handle)
@@ -324,9 +323,9 @@ class JobWorker:
         while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
             dispatcher.reap()
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-        # Fix: at the deadline (at once with --shutdown-timeout 0) an attempt whose handler had
-        # just returned was released before its thread could settle it, so a finished job ran
-        # again. Such threads settle within moments (they only check the result): wait.
+        # At the deadline (at once with --shutdown-timeout 0) an attempt whose handler has just
+        # returned must not be released before its thread settles it, or a finished job would
+        # run again. Such threads settle within moments (they only check the result): wait.
         grace = time.monotonic() + RETURNED_GRACE
         while time.monotonic() < grace and any(
             f.started is not None and not f.in_handler and not f.settled

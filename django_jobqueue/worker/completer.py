@@ -9,8 +9,8 @@ A write that fails because the database is unreachable or busy is retried, with 
 as long as it takes: the attempt stays in the worker's registry meanwhile, so the heartbeat
 keeps its lease. A write that can never succeed (the database refuses the result) fails the
 attempt for good instead of letting the lease expire and the handler run again; a failure
-that cannot be written as planned is written as a plain failure (execution.record_failure).
-Either way that one outcome never holds back the others.
+that cannot be written as planned is written as a plain failure. Either way that one outcome
+never holds back the others. What is written, logged and signalled is `outcomes.record()`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import queue as queue_module
 import time
 from collections.abc import Callable
 
-from .. import leases
+from django.db import connections
+
+from .. import outcomes
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
-from ..exceptions import ResultNotStored
-from ..execution import PERMANENT_ERRORS, Outcome, log_outcome, record_failure, send_outcome_signals
-from ..execution import logger as execution_logger
+from ..execution import Outcome
 from .duty import Duty
 from .flights import Flights
 
@@ -95,8 +95,6 @@ class Completer(Duty):
                 if self._pending:  # rows locked by another transaction: come back shortly
                     time.sleep(0.05)
         finally:
-            from django.db import connections
-
             connections.close_all()
 
     def _drain_queue(self) -> None:
@@ -120,70 +118,24 @@ class Completer(Duty):
     def _write_pending(self) -> None:
         """Write what is pending; what is neither recorded nor busy stays pending on error."""
         pending, self._pending = self._pending, []
-        later: list[Outcome] = []
         try:
-            done = [o for o in pending if o.succeeded]
-            if done:
-                later += self._finish(done)
-            for outcome in pending:
-                failed = not outcome.succeeded and not outcome.flight.recorded
-                if failed and not self._fail(outcome):
-                    later.append(outcome)
+            self._pending = self._finish(pending)
         except BaseException:
             self._pending = [o for o in pending if not o.flight.recorded]
             raise
-        self._pending = later
 
-    def _finish(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Write successful outcomes in one transaction; return those whose rows were busy.
-
-        A result the database refuses (a batch failing with a data error) is isolated by
-        writing the batch one by one; that attempt then fails for good.
-        """
-        items = [(o.flight.lease.job_id, o.flight.lease.attempt, o.text) for o in outcomes]
-        try:
-            report = leases.finish_many(self.dialect, self.owner, items)
-        except PERMANENT_ERRORS as exc:
-            self.dialect.connection.close()
-            if len(outcomes) > 1:
-                busy: list[Outcome] = []
-                for outcome in outcomes:  # one by one: only the bad one fails
-                    busy += self._finish([outcome])
-                return busy
-            outcome = outcomes[0]
-            logger.error(
-                "The database refused the result of job id=%s: %s",
-                outcome.flight.job.pk, log_text(exc),
-            )  # fmt: skip
-            outcome.error = ResultNotStored(f"the database refused the result: {exc}")
-            outcome.result = outcome.text = None
-            return [] if self._fail(outcome) else [outcome]
-        by_id = {o.flight.lease.job_id: o for o in outcomes}
-        for finished in report.finished:
-            self._recorded(by_id[finished.job_id], finished.state)
-        for job_id, state in report.recorded:
-            logger.info("Job id=%s was recorded %s by an earlier write", job_id, state)
-            self._recorded(by_id[job_id], state)
-        for job_id in report.lost:
-            self._recorded(by_id[job_id], None)
-        return [by_id[job_id] for job_id in report.busy]
-
-    def _fail(self, outcome: Outcome) -> bool:
-        """Write a failed attempt; False when its row is locked elsewhere (try again later)."""
-        state, plan = record_failure(
-            self.dialect, outcome, self.conf, on_refused=self.dialect.connection.close
+    def _finish(self, batch: list[Outcome]) -> list[Outcome]:
+        """Write the outcomes in `batch` (outcomes.record); return those whose rows were busy."""
+        return outcomes.record(
+            self.dialect,
+            self.conf,
+            self.owner,
+            batch,
+            on_recorded=self._recorded,
+            on_refused=self.dialect.connection.close,
         )
-        if state == leases.BUSY:
-            return False
-        log_outcome(outcome, state, plan)
-        self._recorded(outcome, state, logged=True)
-        return True
 
-    def _recorded(self, outcome: Outcome, state: str | None, *, logged: bool = False) -> None:
-        if not logged and (state is None or execution_logger.isEnabledFor(logging.DEBUG)):
-            log_outcome(outcome, state)
-        send_outcome_signals(outcome, state)  # committed: receivers see what they are told
-        outcome.flight.recorded = True
+    def _recorded(self, outcome: Outcome, state: str | None) -> None:
         if self.flights.remove(outcome.flight) and self.on_empty is not None:
             self.on_empty()
 

@@ -136,9 +136,9 @@ def _tidy_connections(aliases: list[str]) -> None:
     for alias in aliases:
         conn = connections[alias]
         if conn.errors_occurred and not conn.in_atomic_block:
-            # Fix: after a failed connect there is no connection, and Django's MySQL backend
-            # pings None in is_usable() (AttributeError): the thread died, its job stayed
-            # `running` under a live worker for good.
+            # After a failed connect there is no connection, and Django's MySQL backend pings
+            # None in is_usable() (AttributeError): that would kill the thread and leave its
+            # job `running` under a live worker for good.
             if conn.connection is None or not conn.is_usable():
                 conn.close()
             conn.errors_occurred = False

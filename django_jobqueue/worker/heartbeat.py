@@ -14,67 +14,22 @@ timeout); a beat that fails is retried soon after.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
-
-from django.db.models import Q
+from collections.abc import Callable
 
 from .. import registry
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
-from ..leases import Lease, fences
-from ..models import Job
+from ..leases import Lease, renew_leases
 from ..models import Worker as WorkerRow
 from .duty import Duty
 from .flights import Flights
 
 logger = logging.getLogger(__name__)
-
-
-# Seconds one statement of a renewal may run, at most, where the server can bound it.
-RENEW_STATEMENT_TIMEOUT = 5.0
-
-
-def renew_leases(
-    dialect: Dialect,
-    leases: Iterable[Lease],
-    lease_ttl: float,
-    *,
-    check: bool = False,
-    statement_timeout: float = RENEW_STATEMENT_TIMEOUT,
-) -> int:
-    """Push back the deadline of every lease in `leases`; return how many are still held.
-
-    Rows another transaction holds locked are skipped, not waited for. With `check`, a
-    skipped lease that is still current counts as held. The leases are renewed in chunks of
-    FENCE_CHUNK, each its own short transaction whose statements may run `statement_timeout`
-    seconds at most: a worker holding thousands of leases never holds a transaction open
-    for long.
-    """
-    leases = list(leases)
-
-    def renew(condition: Q, count: int) -> int:
-        with dialect.statement_timeout(statement_timeout):
-            jobs = Job.objects.using(dialect.using)
-            free = list(dialect.lock(jobs.filter(condition)).values_list("pk", flat=True))
-            renewed = 0
-            if free:
-                renewed = jobs.filter(condition, pk__in=free).update(
-                    lease_expires=DbNow() + seconds(lease_ttl), heartbeat_at=DbNow()
-                )
-            if check and renewed < count:
-                renewed += jobs.filter(condition).exclude(pk__in=free).count()
-            return renewed
-
-    held = 0
-    for condition, count in fences(leases):
-        held += dialect.run_in_transaction(functools.partial(renew, condition, count), tries=2)
-    return held
 
 
 class Heartbeat(Duty):

@@ -18,7 +18,7 @@ from .duty import Duty
 logger = logging.getLogger(__name__)
 
 
-class Listener(Duty):
+class WakeListener(Duty):
     """Waits for notifications and wakes the dispatcher when one names a queue it serves."""
 
     retry_after = 1.0

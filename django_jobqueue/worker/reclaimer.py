@@ -26,7 +26,7 @@ from .. import signals, workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
-from ..error_records import with_error
+from ..error_records import error_record, with_error
 from ..exceptions import LeaseExpired
 from ..leases import backoff_seconds
 from ..models import Job, Worker
@@ -94,12 +94,9 @@ def reclaim_expired(
                 continue
             if (who is None or not who.alive) and not may_judge(who.lease_ttl if who else None):
                 continue
-            error = {
-                "type": "django_jobqueue.exceptions.LeaseExpired",
-                "message": f"lease of worker {owner} expired during attempt {attempts}",
-                "traceback": "",
-                "attempt": attempts,
-            }
+            error = error_record(
+                LeaseExpired, f"lease of worker {owner} expired during attempt {attempts}", attempts
+            )
             if cancel or attempts >= max_attempts:
                 state = Job.State.CANCELLED if cancel else Job.State.DEAD
                 jobs.filter(pk=pk).update(

@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 
 from .. import conf
 from ..dialects import Dialect
+from ..enqueuing import enqueue
 from ..models import Job, ScheduleState
 from ..schedules import Clock, Schedule
 from .duty import Duty
@@ -74,8 +75,6 @@ def take_slot(dialect: Dialect, schedule: Schedule, now: dt.datetime) -> Job | N
 
 def enqueue_slot(schedule: Schedule, slot: dt.datetime) -> Job:
     """Enqueue the job of `slot` (a task through its backend, so its signals are sent)."""
-    from ..enqueuing import enqueue
-
     key = schedule.unique_key(slot)
     if schedule.task is None:
         return enqueue(
