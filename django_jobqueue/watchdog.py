@@ -69,13 +69,13 @@ class Guard:
         self.shared[_BEAT] = started
 
     def stop(self) -> None:
-        """Tell the watchdog the worker is exiting, and wait for it to go."""
+        """End the watchdog (the worker is exiting)."""
+        # At once: the worker has released its jobs, and must not outlive that (its handler
+        # threads would run on) while the watchdog takes its time to notice.
         self.shared[_DONE] = 1.0
         self._stop.set()
+        self.process.kill()
         self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5.0)
 
     def _tick(self) -> None:
         # Needs the GIL for each write: when a handler holds it, the ticks stop.
@@ -96,12 +96,6 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: in
     # guards its drain too, and leaves when it is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: _leave_if_done(shared, pid))
-    import django
-
-    django.setup()
-    from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
-
-    _ensure_logging(verbosity)
     quiet = quiet_for(lease_ttl)
     resumed = 0.0  # when the worker was last seen stopped by a signal
     while os.getppid() == pid and not shared[_DONE]:
@@ -116,7 +110,7 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: in
             continue
         if os.getppid() != pid or shared[_DONE]:
             break
-        _kill(pid, worker_id, silent, beat + lease_ttl - now, lease_ttl)
+        _kill(pid, worker_id, silent, beat + lease_ttl - now, lease_ttl, verbosity)
         return
 
 
@@ -134,13 +128,10 @@ def _stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-def _kill(pid: int, worker_id: str, silent: float, left: float, lease_ttl: float) -> None:
+def _kill(
+    pid: int, worker_id: str, silent: float, left: float, lease_ttl: float, verbosity: int
+) -> None:
     os.kill(pid, signal.SIGKILL)
-    logger.error(
-        "Worker %s (pid %s) ran no Python code for %.1fs (a handler holding the GIL?): "
-        "killed it %.1fs before its row could expire",
-        worker_id, pid, silent, left,
-    )  # fmt: skip
     # Orphans are re-parented only once every thread of the process is gone: from then on
     # nothing of the worker runs, and its jobs may run elsewhere.
     deadline = time.monotonic() + DEATH_TIMEOUT
@@ -149,6 +140,18 @@ def _kill(pid: int, worker_id: str, silent: float, left: float, lease_ttl: float
             logger.error("Worker pid %s is still not gone; its leases will expire", pid)
             return
         time.sleep(0.01)
+    # Django is set up only now: a watchdog costs its worker no start-up time and little memory.
+    import django
+
+    django.setup()
+    from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
+
+    _ensure_logging(verbosity)
+    logger.error(
+        "Worker %s (pid %s) ran no Python code for %.1fs (a handler holding the GIL?): "
+        "killed it %.1fs before its row could expire",
+        worker_id, pid, silent, left,
+    )  # fmt: skip
     from django.db import DatabaseError, InterfaceError, connections
 
     from django_jobqueue import conf as conf_module
