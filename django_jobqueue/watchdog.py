@@ -96,6 +96,14 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: in
     # guards its drain too, and leaves when it is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: _leave_if_done(shared, pid))
+    # Set up now, not after a kill: the jobs of a killed worker are reclaimed at once, before
+    # their leases expire and another worker's reclaimer takes them by the slower path.
+    import django
+
+    django.setup()
+    from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
+
+    _ensure_logging(verbosity)
     quiet = quiet_for(lease_ttl)
     resumed = 0.0  # when the worker was last seen stopped by a signal
     while os.getppid() == pid and not shared[_DONE]:
@@ -140,13 +148,6 @@ def _kill(
             logger.error("Worker pid %s is still not gone; its leases will expire", pid)
             return
         time.sleep(0.01)
-    # Django is set up only now: a watchdog costs its worker no start-up time and little memory.
-    import django
-
-    django.setup()
-    from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
-
-    _ensure_logging(verbosity)
     logger.error(
         "Worker %s (pid %s) ran no Python code for %.1fs (a handler holding the GIL?): "
         "killed it %.1fs before its row could expire",
