@@ -24,6 +24,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from django.db import DatabaseError, InterfaceError
@@ -132,6 +133,8 @@ class JobWorker:
         self._signals = 0
         self._stop_requested = False
         self.dispatcher: Dispatcher | None = None
+        # Told the start time of each successful heartbeat (the command's watchdog listens).
+        self.on_beat: Callable[[float], None] | None = None
 
     @property
     def claimed(self) -> int:
@@ -165,6 +168,7 @@ class JobWorker:
             lock_timeout=lock_timeout,
             queues=self.queues,
             concurrency=self.concurrency,
+            on_beat=self.on_beat,
         )
         heartbeat.register()
         self.scheduler.ensure_limit_rows(dialect.using)

@@ -49,6 +49,7 @@ class Heartbeat(Duty):
         lock_timeout: float,
         queues: list[str],
         concurrency: int,
+        on_beat: Callable[[float], None] | None = None,
     ) -> None:
         # A beat waits at most half an interval for a lock: the next one is never late.
         super().__init__(dialect, interval=interval, lock_timeout=min(lock_timeout, interval / 2))
@@ -57,6 +58,9 @@ class Heartbeat(Duty):
         self.lease_ttl = lease_ttl
         self.queues = queues
         self.concurrency = concurrency
+        # Called with the monotonic time at which each successful write of the row began:
+        # the row expires no sooner than a lease TTL after it (the watchdog's deadline).
+        self.on_beat = on_beat
         self._last_ok: float | None = None
         self._healthy_since: float | None = None
 
@@ -72,6 +76,7 @@ class Heartbeat(Duty):
 
     def beat(self) -> None:
         """Write the worker's row (registering it if it is missing); note the success."""
+        started = time.monotonic()
         job_ids = sorted(lease.job_id for lease in self.flights.leases())
         rows = WorkerRow.objects.using(self.dialect.using).filter(pk=self.worker_id)
         values = {
@@ -91,6 +96,8 @@ class Heartbeat(Duty):
         ):
             self._healthy_since = now
         self._last_ok = now
+        if self.on_beat is not None:
+            self.on_beat(started)
 
     def register(self, job_ids: list[int] | None = None) -> None:
         """Create (or refresh) the worker's row."""
@@ -115,7 +122,10 @@ class Heartbeat(Duty):
                 create_defaults={**common, "started_at": DbNow()},
             )
 
+        started = time.monotonic()
         self.dialect.run_in_transaction(upsert)
+        if self.on_beat is not None:
+            self.on_beat(started)
 
     def unregister(self) -> None:
         """Delete the worker's row (clean exit)."""

@@ -50,6 +50,8 @@ def reclaim_expired(
     backoff: float,
     backoff_max: float,
     may_judge: Callable[[float | None], bool] = lambda ttl: True,
+    owner: str | None = None,
+    reason: str = "lease of worker {owner} expired during attempt {attempt}",
 ) -> list[tuple[int, str]]:
     """Reclaim up to `batch` expired leases whose owner is gone or no longer holds the job.
 
@@ -57,8 +59,9 @@ def reclaim_expired(
     spent (`cancelled` if cancellation was requested): a job that keeps killing its worker
     reaches `dead` after `max_attempts` reclaims. Rows another transaction holds locked are
     skipped, so concurrent sweeps never wait on each other. `may_judge(owner_ttl)` says whether
-    this worker has been healthy long enough to call an owner with that TTL gone. Returns
-    (job id, new state) pairs.
+    this worker has been healthy long enough to call an owner with that TTL gone. With
+    `owner`, only that worker's leases are looked at. `reason` is the error recorded (with
+    `{owner}` and `{attempt}`). Returns (job id, new state) pairs.
     """
 
     failed: list[tuple[Any, ...]] = []  # (row, state) of attempts ended here, for signals
@@ -66,8 +69,9 @@ def reclaim_expired(
     def txn() -> list[tuple[int, str]]:
         failed.clear()  # a retried transaction starts over
         jobs = Job.objects.using(dialect.using)
+        candidates = jobs.expired() if owner is None else jobs.expired().filter(lease_owner=owner)
         expired = list(
-            dialect.lock(jobs.expired().order_by("lease_expires", "pk")).values_list(
+            dialect.lock(candidates.order_by("lease_expires", "pk")).values_list(
                 "pk",
                 "attempts",
                 "max_attempts",
@@ -86,16 +90,16 @@ def reclaim_expired(
         owners = _owners(dialect, {str(row[3]) for row in expired})
         moved: list[tuple[int, str]] = []
         for row in expired:
-            pk, attempts, max_attempts, owner, parent_id, cancel, errors, deps = row[:8]
-            who = owners.get(str(owner))
+            pk, attempts, max_attempts, holder, parent_id, cancel, errors, deps = row[:8]
+            who = owners.get(str(holder))
             if who is not None and who.alive and pk in who.job_ids:
                 # Alive and holding it: its lease row only missed renewals.
-                jobs.filter(pk=pk, lease_owner=owner).update(lease_expires=who.expires_at)
+                jobs.filter(pk=pk, lease_owner=holder).update(lease_expires=who.expires_at)
                 continue
             if (who is None or not who.alive) and not may_judge(who.lease_ttl if who else None):
                 continue
             error = error_record(
-                LeaseExpired, f"lease of worker {owner} expired during attempt {attempts}", attempts
+                LeaseExpired, reason.format(owner=holder, attempt=attempts), attempts
             )
             if cancel or attempts >= max_attempts:
                 state = Job.State.CANCELLED if cancel else Job.State.DEAD
@@ -126,14 +130,55 @@ def reclaim_expired(
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
     if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
         for row, state in failed:
-            pk, attempts, _, owner, *_, job_type, queue, group = row
-            exc = LeaseExpired(f"lease of worker {owner} expired during attempt {attempts}")
+            pk, attempts, _, holder, *_, job_type, queue, group = row
+            exc = LeaseExpired(reason.format(owner=holder, attempt=attempts))
             about = {"job_id": pk, "job_type": job_type, "queue": queue, "group": group,
-                     "attempt": attempts, "worker_id": owner, "duration": None}  # fmt: skip
+                     "attempt": attempts, "worker_id": holder, "duration": None}  # fmt: skip
             signals.send(signals.job_failed, **about, error=exc, state=state)
             if state == Job.State.DEAD:
                 signals.send(signals.job_dead, **about, error=exc)
     return moved
+
+
+def reclaim_dead_worker(
+    dialect: Dialect, worker_id: str, *, batch: int, backoff: float, backoff_max: float
+) -> list[tuple[int, str]]:
+    """Reclaim at once every lease of `worker_id`, a worker process known to be dead.
+
+    For the watchdog that killed it: no other worker needs to wait for its leases to run out.
+    Each job is charged the attempt it was in, as for any reclaimed lease, and the worker's
+    row is deleted. Returns (job id, new state) pairs.
+    """
+    jobs = Job.objects.using(dialect.using)
+    rows = Worker.objects.using(dialect.using).filter(pk=worker_id)
+    past = DbNow() - seconds(1.0)
+
+    def expire() -> None:
+        rows.update(expires_at=past)
+        jobs.in_flight().filter(lease_owner=worker_id).update(lease_expires=past)
+
+    dialect.run_in_transaction(expire)
+    moved: list[tuple[int, str]] = []
+    while True:
+        chunk = reclaim_expired(
+            dialect,
+            batch=batch,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            owner=worker_id,
+            reason=KILLED_REASON,
+        )
+        moved += chunk
+        if len(chunk) < batch:
+            break
+    rows.delete()
+    return moved
+
+
+KILLED_REASON = (
+    "worker {owner} was killed by its watchdog during attempt {attempt}: the process had "
+    "stopped running Python code (a handler holding the GIL?)"
+)
 
 
 def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -104,6 +105,34 @@ def crash_always() -> None:
 @jobqueue.handler("test.bad_result")
 def bad_result() -> object:
     return object()
+
+
+@jobqueue.handler("test.hold_gil")
+def hold_gil(length: int = 32) -> bool:
+    """Freeze the whole process for minutes: a catastrophic regex holds the GIL throughout."""
+    return re.match(r"(a+)+b", "a" * length) is not None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@jobqueue.handler("test.overlap_probe", takes_context=True)
+def overlap_probe(ctx: jobqueue.JobContext, first_sleep: float = 0.0) -> list[int]:
+    """Record this run's start; return the pids of earlier runs of the job still alive."""
+    RunRecord.objects.create(
+        job_id=ctx.job_id, attempt=ctx.attempt, worker_pid=os.getpid(), started=time.time()
+    )
+    earlier = RunRecord.objects.filter(job_id=ctx.job_id, attempt__lt=ctx.attempt)
+    alive = [pid for pid in earlier.values_list("worker_pid", flat=True) if _alive(pid)]
+    if ctx.attempt == 1:
+        time.sleep(first_sleep)
+    return alive
 
 
 @jobqueue.handler("test.upstream_sum", takes_context=True)

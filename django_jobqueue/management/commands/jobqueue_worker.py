@@ -17,6 +17,7 @@ from django_jobqueue import conf
 from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.exceptions import UnsupportedDatabaseError
 from django_jobqueue.validation import UNSAFE_CHARS
+from django_jobqueue.watchdog import Guard
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
 
@@ -154,6 +155,12 @@ class Command(BaseCommand):
             help="Restart the worker when Python code changes, with Django's autoreloader "
             "(as runserver does). For development: a restart does not wait for running jobs.",
         )
+        parser.add_argument(
+            "--no-watchdog",
+            action="store_true",
+            help="Run without the watchdog process that kills this worker when a handler "
+            "freezes it (holds the GIL) for longer than its leases allow.",
+        )
 
     def execute(self, *args: Any, **options: Any) -> Any:
         # The system checks, before handle(), connect to the database too.
@@ -185,7 +192,12 @@ class Command(BaseCommand):
             # process when a module's file changes; signals stay with the reloader.
             autoreload.run_with_reloader(self._run_reloaded, opts)
             return
-        code = self._run(worker, install_signals=True)
+        guard = None if options["no_watchdog"] else _start_watchdog(worker, options["verbosity"])
+        try:
+            code = self._run(worker, install_signals=True)
+        finally:
+            if guard is not None:
+                guard.stop()
         if code:
             sys.exit(code)
 
@@ -201,6 +213,14 @@ class Command(BaseCommand):
         code = self._run(JobWorker(opts), install_signals=False)
         if code:
             os._exit(code)  # the reloader's main thread would not see sys.exit() here
+
+
+def _start_watchdog(worker: JobWorker, verbosity: int) -> Guard:
+    """Start the process that kills `worker` if it freezes (see django_jobqueue/watchdog.py)."""
+    guard = Guard(worker_id=worker.worker_id, lease_ttl=worker.lease_ttl, verbosity=verbosity)
+    worker.on_beat = guard.beaten
+    guard.start()
+    return guard
 
 
 def _ensure_logging(verbosity: int) -> None:
