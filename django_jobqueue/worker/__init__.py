@@ -6,6 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
+- the closer (`closer`): containers left open past CONTAINER_SEAL_TIMEOUT;
 - with --burst, `burst`: what is left to do before the worker exits;
 - the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
@@ -34,6 +35,7 @@ from ..dialects import get_dialect
 from ..execution import InFlight
 from ..scheduling import Scheduler
 from .burst import BurstCheck
+from .closer import Closer
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .duty import Duty
@@ -235,6 +237,15 @@ class JobWorker:
                     # A test clock may run faster than time: look at it every poll.
                     interval=self.poll_interval if conf.schedule_clock else 60.0,
                     lock_timeout=lock_timeout,
+                )
+            )
+        if conf.container_seal_timeout is not None:
+            duties.append(
+                Closer(
+                    dialect,
+                    timeout=conf.container_seal_timeout,
+                    lock_timeout=lock_timeout,
+                    batch=conf.reclaim_batch,
                 )
             )
         if ages := conf.retention_ages():
