@@ -183,6 +183,8 @@ class JobWorker:
             self.concurrency,
             on_outcome=completer.submit,
             on_idle=self._on_idle,
+            alias=dialect.using,
+            on_no_connection=self._hand_back,
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,
@@ -296,6 +298,12 @@ class JobWorker:
         if self.dispatcher is not None:
             self.dispatcher.stopping = True
 
+    def _hand_back(self, flight: InFlight, exc: BaseException) -> None:
+        # The executor exists before the dispatcher, which releases what is handed back.
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            dispatcher.hand_back(flight, exc)
+
     def _on_idle(self, load: int) -> None:
         # Only when the load falls to the dispatcher's low-water mark: waking it for every
         # finished job would cost more than the claims it leads to.
@@ -327,6 +335,11 @@ class JobWorker:
         """Release jobs not started, let running ones finish for up to the shutdown timeout,
         then release the rest; wait for the completer to record what finished."""
         deadline = time.monotonic() + self.shutdown_timeout
+        try:
+            dispatcher.release_handed_back()
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not release the jobs handed back (%s); their leases will "
+                           "expire", exc)  # fmt: skip
         # Claimed ahead (prefetch) but not started: back to ready at once, for other workers.
         self._release([f for f in executor.take_unstarted() if f.settle()])
         while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):
