@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..execution import InFlight, Outcome
 
@@ -68,12 +69,15 @@ class Executor:
         thread.start()
 
     def _loop(self) -> None:
+        # This thread's connection object (Django keeps one per thread and alias, closed or
+        # not): looked up once, since the lookup costs more than the rest of a job's overhead.
+        conn = connections[self._alias] if self._alias is not None else None
         try:
             while True:
                 flight = self._next()
                 if flight is None:
                     return
-                if not self._connected(flight):
+                if conn is not None and conn.connection is None and not self._connect(conn, flight):
                     self._finished()
                     continue
                 outcome = None
@@ -102,11 +106,8 @@ class Executor:
             connections.close_all()  # this thread's only
             return self._queue.get()
 
-    def _connected(self, flight: InFlight) -> bool:
+    def _connect(self, conn: BaseDatabaseWrapper, flight: InFlight) -> bool:
         """Open this thread's queue connection, trying a few times; False: handed back."""
-        if self._alias is None or self._on_no_connection is None:
-            return True
-        conn = connections[self._alias]
         for delay in (*CONNECT_RETRIES, None):
             try:
                 conn.ensure_connection()
@@ -117,7 +118,8 @@ class Executor:
                     continue
                 if flight.settle():  # not released by a shutdown meanwhile
                     self.connect_failures += 1
-                    self._on_no_connection(flight, exc)
+                    if self._on_no_connection is not None:
+                        self._on_no_connection(flight, exc)
                 return False
             self.connect_failures = 0
             return True
