@@ -3,7 +3,7 @@
 A `container()` block outside a transaction writes its container at once, unsealed, and seals
 it when the block exits. A producer killed inside the block, or a database outage at its exit,
 leaves the container open, and whatever waits on it would wait forever. So an open container
-that shows no activity (neither its row nor a new child written) for CONTAINER_SEAL_TIMEOUT is
+that shows no activity (neither its row nor a new child written) for OPEN_CONTAINER_TIMEOUT is
 failed: it ends `dead` with a ContainerNotSealed error, sealed, and its downstream is cancelled
 as for any failure. Its children are left alone. Sealing it by hand (`seal_open`, the admin's
 "Seal" action) then says the children enqueued so far are the whole container: it re-opens,
@@ -33,7 +33,7 @@ def not_sealed_error(timeout: float) -> dict[str, Any]:
         "type": NOT_SEALED,
         "message": (
             f"the container was not sealed and nothing was added to it for {timeout:g}s "
-            "(CONTAINER_SEAL_TIMEOUT): its producer likely died inside container(). Seal it "
+            "(OPEN_CONTAINER_TIMEOUT): its producer likely died inside container(). Seal it "
             "to accept the children enqueued so far."
         ),
         "traceback": "",

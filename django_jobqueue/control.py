@@ -197,11 +197,11 @@ def seal(box: Job) -> None:
         failed = jobs.filter(pk=box.pk, state=Job.State.DEAD).values_list("last_error", flat=True)
         error = failed.first()
         if error and error.get("type") == containers.NOT_SEALED:
-            # A worker failed it while this block ran (see CONTAINER_SEAL_TIMEOUT): say so,
+            # A worker failed it while this block ran (see OPEN_CONTAINER_TIMEOUT): say so,
             # rather than let the producer believe its children were taken as one.
             raise ContainerNotSealed(
                 f"Container {box.pk} was failed before its block exited: nothing was added to "
-                "it for CONTAINER_SEAL_TIMEOUT. Seal it (containers.seal_open) to accept its "
+                "it for OPEN_CONTAINER_TIMEOUT. Seal it (containers.seal_open) to accept its "
                 "children so far."
             )
         # A child finishing now reads `sealed` without a lock (workflows.roll_up): either it

@@ -155,4 +155,4 @@ class ResultNotStored(JobQueueError):
 
 
 class ContainerNotSealed(JobQueueError):
-    """A container stayed open (unsealed) too long and was failed; see CONTAINER_SEAL_TIMEOUT."""
+    """A container stayed open (unsealed) too long and was failed; see OPEN_CONTAINER_TIMEOUT."""

@@ -1,7 +1,7 @@
 """Containers left open: a producer killed inside container() no longer blocks its downstream.
 
 The workers fail a container that is neither sealed nor given a child for
-CONTAINER_SEAL_TIMEOUT; `jobqueue_stats` reports open containers that have been idle; an
+OPEN_CONTAINER_TIMEOUT; `jobqueue_stats` reports open containers that have been idle; an
 operator seals one (the admin's Seal) to accept the children enqueued so far.
 """
 
@@ -89,7 +89,7 @@ def test_container_of_a_killed_producer_is_failed_then_sealed_by_hand(tmp_path, 
     assert (box.state, box.sealed) == ("waiting", False)  # never sealed: the block never exited
     [child] = Job.objects.filter(parent_id=box_id)
 
-    worker = start_worker("--concurrency", "2", env={"JOBQUEUE_TEST_CONTAINER_SEAL_TIMEOUT": "2"})
+    worker = start_worker("--concurrency", "2", env={"JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT": "2"})
     # Without the closer the container waits forever and this times out.
     box = wait_for_job(box_id, *FINAL, timeout=90)
     assert box.state == "dead" and box.sealed

@@ -299,11 +299,11 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
 
 def sealing_note(job: Job) -> str:
     """Why a container is open, or was failed for being open, and what Seal does about it."""
-    timeout = conf.get().container_seal_timeout
+    timeout = conf.get().open_container_timeout
     after = (
-        f"Workers fail it once nothing is added to it for {timeout:g}s (CONTAINER_SEAL_TIMEOUT)."
+        f"Workers fail it once nothing is added to it for {timeout:g}s (OPEN_CONTAINER_TIMEOUT)."
         if timeout is not None
-        else "CONTAINER_SEAL_TIMEOUT is None: nothing fails it."
+        else "OPEN_CONTAINER_TIMEOUT is None: nothing fails it."
     )
     if job.state == Job.State.WAITING and not job.sealed:
         return (

@@ -6,7 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
-- the closer (`closer`): containers left open past CONTAINER_SEAL_TIMEOUT;
+- the closer (`closer`): containers left open past OPEN_CONTAINER_TIMEOUT;
 - with --burst, `burst`: what is left to do before the worker exits;
 - the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
@@ -241,11 +241,11 @@ class JobWorker:
                     lock_timeout=lock_timeout,
                 )
             )
-        if conf.container_seal_timeout is not None:
+        if conf.open_container_timeout is not None:
             duties.append(
                 Closer(
                     dialect,
-                    timeout=conf.container_seal_timeout,
+                    timeout=conf.open_container_timeout,
                     lock_timeout=lock_timeout,
                     batch=conf.reclaim_batch,
                 )

@@ -1,4 +1,4 @@
-"""The closer: fails containers left open longer than CONTAINER_SEAL_TIMEOUT.
+"""The closer: fails containers left open longer than OPEN_CONTAINER_TIMEOUT.
 
 A producer killed inside a `container()` block never seals its container, and the jobs after
 it would wait forever (see `containers`). Every worker looks for such containers a few times per
