@@ -46,6 +46,9 @@ class JobQueueSettings:
     schedules: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> definition
     rate_limits: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> "N/period"
     schedule_clock: Any = None  # callable() -> aware datetime, or its dotted path (tests)
+    # seconds an open (unsealed) container may go without a write or a new child before the
+    # workers fail it as ContainerNotSealed; None: never
+    open_container_timeout: float | None = 3600.0
     # final state -> age ("7d", seconds, a timedelta) after which workers delete such jobs;
     # a state left out, or None, is kept forever
     retention: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -135,6 +138,7 @@ def _validate(conf: JobQueueSettings) -> None:
     ):
         positive(name)
     positive("timeout", allow_none=True)
+    positive("open_container_timeout", allow_none=True)
     for name in (
         "max_attempts",
         "reclaim_batch",

@@ -11,7 +11,7 @@ from . import conf, validation, workflows
 from .dialects import Dialect, get_dialect
 from .dialects.functions import DbNow
 from .enqueuing import create_container
-from .exceptions import InvalidJobError
+from .exceptions import ContainerNotSealed, InvalidJobError
 from .models import Job
 
 
@@ -182,12 +182,27 @@ def container(
 
 
 def seal(box: Job) -> None:
-    """Close a container to new children and roll it up if all its children are final."""
+    """Close a container to new children and roll it up if all its children are final.
+
+    Raises ContainerNotSealed if the workers failed it meanwhile for staying open too long.
+    """
+    from . import containers
+
     dialect = get_dialect(conf.get().database)
 
     def txn() -> None:
         jobs = Job.objects.using(dialect.using)
         jobs.filter(pk=box.pk).update(sealed=True, updated_at=DbNow())
+        failed = jobs.filter(pk=box.pk, state=Job.State.DEAD).values_list("last_error", flat=True)
+        error = failed.first()
+        if error and error.get("type") == containers.NOT_SEALED:
+            # A worker failed it while this block ran (see OPEN_CONTAINER_TIMEOUT): say so,
+            # rather than let the producer believe its children were taken as one.
+            raise ContainerNotSealed(
+                f"Container {box.pk} was failed before its block exited: nothing was added to "
+                "it for OPEN_CONTAINER_TIMEOUT. Seal it (containers.seal_open) to accept its "
+                "children so far."
+            )
         # A child finishing now reads `sealed` without a lock (workflows.roll_up): either it
         # reads True after this commits and rolls up itself, or it wrote its final state
         # before that; locking the unfinished children waits for such a write to commit, so

@@ -152,3 +152,7 @@ class JobCancelled(JobQueueError):
 
 class ResultNotStored(JobQueueError):
     """A handler's result cannot be stored (not JSON, or refused by the database); the job dies."""
+
+
+class ContainerNotSealed(JobQueueError):
+    """A container stayed open (unsealed) too long and was failed; see OPEN_CONTAINER_TIMEOUT."""

@@ -13,10 +13,10 @@ import datetime as dt
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from . import registry
+from . import containers, registry
 from .dialects import Dialect
 from .dialects.base import seconds
 from .models import Job, Worker
@@ -24,6 +24,8 @@ from .models import Job, Worker
 DEFAULT_MINUTES = 5  # throughput window
 DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check fails
 DEFAULT_MAX_EXPIRED = 0  # leases left expired past a lease TTL before --check fails
+DEFAULT_MAX_OPEN_IDLE = 600.0  # seconds an open container may be idle before --check fails
+SHOWN_IDS = 10  # ids of idle open containers listed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Thresholds:
 
     max_age: float = DEFAULT_MAX_AGE
     max_expired: int = DEFAULT_MAX_EXPIRED
+    max_open_idle: float = DEFAULT_MAX_OPEN_IDLE
 
 
 def collect(
@@ -80,6 +83,21 @@ def collect(
         expired_stale=Count("pk", filter=Q(lease_expires__lt=now - seconds(lease_ttl))),
     )
 
+    limits = thresholds or Thresholds()
+    opened = containers.open_containers(jobs).aggregate(n=Count("pk"), oldest=Min("created_at"))
+    idle_ids: list[int] = []
+    if opened["n"]:  # open containers are few: the idle ones need no count of their own
+        idle = containers.stale(jobs, limits.max_open_idle).order_by("pk")
+        idle_ids = list(idle.values_list("pk", flat=True)[:SHOWN_IDS])
+    open_containers = {
+        "open": opened["n"],
+        "oldest_age": (
+            max(0.0, (now - opened["oldest"]).total_seconds()) if opened["oldest"] else None
+        ),
+        "idle": idle.count() if len(idle_ids) == SHOWN_IDS else len(idle_ids),
+        "idle_ids": idle_ids,
+    }
+
     workers = list(Worker.objects.using(using).values_list("queues", "expires_at", "handlers"))
     live = [qs for qs, expires, _ in workers if expires is not None and expires > now]
     live_handlers = [hs for _, expires, hs in workers if expires is not None and expires > now]
@@ -114,6 +132,7 @@ def collect(
         "leases": leases,
         "workers": {"live": len(live), "stale": len(workers) - len(live)},
         "unserved_queues": unserved,
+        "open_containers": open_containers,
         "unknown_handlers": unknown,
         "throughput": {
             "minutes": minutes,
@@ -121,7 +140,7 @@ def collect(
             "per_minute": dict(sorted(per_minute.items())),
         },
     }
-    stats["problems"] = problems(stats, thresholds or Thresholds())
+    stats["problems"] = problems(stats, limits)
     return stats
 
 
@@ -180,5 +199,12 @@ def problems(stats: dict[str, Any], thresholds: Thresholds) -> list[str]:
         found.append(
             f"{stale} lease(s) expired over a lease TTL ago and were not reclaimed "
             f"(more than {thresholds.max_expired})"
+        )
+    idle = stats["open_containers"]["idle"]
+    if idle:
+        ids = ", ".join(str(pk) for pk in stats["open_containers"]["idle_ids"])
+        found.append(
+            f"{idle} open container(s) not sealed and idle for more than "
+            f"{thresholds.max_open_idle:g}s (a producer may have died inside container()): {ids}"
         )
     return found

@@ -129,3 +129,6 @@ for _name in ("DATABASE", "LISTEN_DATABASE"):  # aliases, for the PgBouncer test
 # JOBQUEUE["RETENTION"] for worker subprocesses, as JSON (tests of the pruner duty).
 if os.environ.get("JOBQUEUE_TEST_RETENTION"):
     JOBQUEUE["RETENTION"] = json.loads(os.environ["JOBQUEUE_TEST_RETENTION"])
+# JOBQUEUE["OPEN_CONTAINER_TIMEOUT"] for worker subprocesses, in seconds (tests of open containers).
+if os.environ.get("JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"):
+    JOBQUEUE["OPEN_CONTAINER_TIMEOUT"] = float(os.environ["JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"])

@@ -1,4 +1,4 @@
-"""Admin actions: retry, cancel, release a stuck lease, delete finished jobs.
+"""Admin actions: retry, cancel, release a stuck lease, seal an open container, delete jobs.
 
 Each action goes through the library's own operations (control.retry/cancel, repair.*), which
 lock the row they judge and write under that lock or match it in the UPDATE, so a worker
@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .. import control, repair
+from .. import containers, control, repair
 from ..exceptions import JobQueueError
 from ..models import Job
 
@@ -173,6 +173,14 @@ def release_leases(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any
     changed, skipped, left = _each(queryset, repair.release_lease)
     record(modeladmin, request, "Released lease", changed, len(skipped))
     report(request, "Released", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
+
+
+@admin.action(permissions=["change"], description=_("Seal selected open containers"))
+def seal_containers(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+    """Seal open containers (or ones failed as not sealed): their children so far are all."""
+    changed, skipped, left = _each(queryset, containers.seal_open)
+    record(modeladmin, request, "Sealed", changed, len(skipped))
+    report(request, "Sealed", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
 
 
 @admin.action(permissions=["delete_finished"], description=_("Delete selected finished jobs"))

@@ -14,10 +14,16 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .. import repair
+from .. import conf, containers, repair
 from ..models import Job, JobDependency, Worker
 from . import display, filters, graph
-from .actions import cancel_jobs, delete_finished_jobs, release_leases, retry_jobs
+from .actions import (
+    cancel_jobs,
+    delete_finished_jobs,
+    release_leases,
+    retry_jobs,
+    seal_containers,
+)
 from .base import JobPagesAdmin
 
 SHOWN = 20
@@ -52,7 +58,7 @@ class JobAdmin(JobPagesAdmin):
     ordering = ["-id"]
     search_fields = ["=id"]
     search_help_text = "An exact job id, handler key or unique key."
-    actions = [retry_jobs, cancel_jobs, release_leases, delete_finished_jobs]
+    actions = [retry_jobs, cancel_jobs, release_leases, seal_containers, delete_finished_jobs]
     readonly_fields = [
         "state_badge",
         "attempts_of",
@@ -187,7 +193,11 @@ class JobAdmin(JobPagesAdmin):
         if not job.is_container:
             return "-"
         jobs = Job.objects.filter(parent_id=job.pk)
-        return self._links(jobs, {"container": job.pk})
+        links = self._links(jobs, {"container": job.pk})
+        note = sealing_note(job)
+        if not note:
+            return links
+        return format_html('{}<br><span class="jq-sealing">{}</span>', links, note)
 
     @admin.display(description="upstream (it waits on)")
     def upstream(self, job: Job) -> SafeString | str:
@@ -274,6 +284,10 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
         return []
     if job.state in Job.FAILED_STATES and not job.is_container:
         return [("retry_jobs", "Retry")]
+    if job.is_container and not job.sealed and job.state == Job.State.WAITING:
+        return [("seal_containers", "Seal"), ("cancel_jobs", "Cancel")]
+    if containers.was_failed_unsealed(job):
+        return [("seal_containers", "Seal")]
     if job.state in Job.LEASED_STATES:
         if repair.owner_alive(job.lease_owner):  # releasing would run the job twice
             return [("cancel_jobs", "Cancel")]
@@ -281,6 +295,30 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
     return []
+
+
+def sealing_note(job: Job) -> str:
+    """Why a container is open, or was failed for being open, and what Seal does about it."""
+    timeout = conf.get().open_container_timeout
+    after = (
+        f"Workers fail it once nothing is added to it for {timeout:g}s (OPEN_CONTAINER_TIMEOUT)."
+        if timeout is not None
+        else "OPEN_CONTAINER_TIMEOUT is None: nothing fails it."
+    )
+    if job.state == Job.State.WAITING and not job.sealed:
+        return (
+            "Open (not sealed): it takes more children until the container() block that "
+            "made it exits. If that producer died inside the block, it stays open and the jobs "
+            "after it wait. Seal: the children enqueued so far are the whole container. "
+            f"Cancel: cancel it with its children. {after}"
+        )
+    if containers.was_failed_unsealed(job):
+        return (
+            "Failed because it was never sealed (its producer likely died inside "
+            "container()). Seal: accept the children enqueued so far; it re-opens, the jobs "
+            "its failure cancelled wait again, and it finishes with its children."
+        )
+    return ""
 
 
 def operator_cancel(job: Job) -> str:

@@ -6,6 +6,7 @@
 - the heartbeat (`heartbeat`): the worker's liveness and its leases;
 - the promoter (`promoter`): scheduled jobs become ready when due;
 - the reclaimer (`reclaimer`): leases of workers that are gone;
+- the closer (`closer`): containers left open past OPEN_CONTAINER_TIMEOUT;
 - with --burst, `burst`: what is left to do before the worker exits;
 - the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
@@ -35,6 +36,7 @@ from ..dialects import get_dialect
 from ..execution import InFlight
 from ..scheduling import Scheduler
 from .burst import BurstCheck
+from .closer import Closer
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .duty import Duty
@@ -185,6 +187,8 @@ class JobWorker:
             self.concurrency,
             on_outcome=completer.submit,
             on_idle=self._on_idle,
+            alias=dialect.using,
+            on_no_connection=self._hand_back,
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,
@@ -241,6 +245,15 @@ class JobWorker:
                     lock_timeout=lock_timeout,
                 )
             )
+        if conf.open_container_timeout is not None:
+            duties.append(
+                Closer(
+                    dialect,
+                    timeout=conf.open_container_timeout,
+                    lock_timeout=lock_timeout,
+                    batch=conf.reclaim_batch,
+                )
+            )
         if ages := conf.retention_ages():
             duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
@@ -292,6 +305,12 @@ class JobWorker:
         if self.dispatcher is not None:
             self.dispatcher.stopping = True
 
+    def _hand_back(self, flight: InFlight, exc: BaseException) -> None:
+        # The executor exists before the dispatcher, which releases what is handed back.
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            dispatcher.hand_back(flight, exc)
+
     def _on_idle(self, load: int) -> None:
         # Only when the load falls to the dispatcher's low-water mark: waking it for every
         # finished job would cost more than the claims it leads to.
@@ -322,6 +341,11 @@ class JobWorker:
         """Release jobs not started, let running ones finish for up to the shutdown timeout,
         then release the rest; wait for the completer to record what finished."""
         deadline = time.monotonic() + self.shutdown_timeout
+        try:
+            dispatcher.release_handed_back()
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not release the jobs handed back (%s); their leases will "
+                           "expire", exc)  # fmt: skip
         # Claimed ahead (prefetch) but not started: back to ready at once, for other workers.
         self._release([f for f in executor.take_unstarted() if f.settle()])
         while time.monotonic() < deadline and any(not f.settled for f in self.flights.snapshot()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 PREFETCH_HORIZON = 0.005
 # After it found work, an idle dispatcher polls again this soon, doubling up to POLL_INTERVAL.
 FIRST_IDLE_POLL = 0.05
+# While handler threads cannot connect, claims pause this long, doubling up to the maximum.
+NO_CONNECTION_PAUSE = 0.5
+NO_CONNECTION_PAUSE_MAX = 10.0
 
 
 class Dispatcher:
@@ -72,6 +76,9 @@ class Dispatcher:
         self.too_many_hung = False
         self._idle_wait = FIRST_IDLE_POLL
         self._db_backoff = 0.0
+        self._handed_back: list[tuple[InFlight, BaseException]] = []
+        self._handed_back_lock = threading.Lock()
+        self._paused_until = 0.0
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -96,6 +103,9 @@ class Dispatcher:
     def step(self, max_jobs: int | None = None) -> int:
         """Reap timeouts, then claim and dispatch what there is room for; return jobs claimed."""
         self.reap()
+        self.release_handed_back()
+        if self.paused():
+            return 0
         if self.executor.hung() >= self.max_abandoned_threads:
             logger.error(
                 "%s timed-out jobs are still stuck in their threads; stopping so the process "
@@ -133,6 +143,43 @@ class Dispatcher:
         self.claimed += len(jobs)
         return len(jobs)
 
+    # -- attempts whose handler thread could not connect ---------------------------------------
+
+    def hand_back(self, flight: InFlight, exc: BaseException) -> None:
+        """Take back an attempt that never started for want of a connection (any thread)."""
+        with self._handed_back_lock:
+            self._handed_back.append((flight, exc))
+        wake.wake_up()
+
+    def paused(self) -> bool:
+        """Whether claims are paused because handler threads could not connect."""
+        return time.monotonic() < self._paused_until
+
+    def release_handed_back(self) -> None:
+        """Release the handed-back attempts uncharged (this connection works) and pause claims.
+
+        The heartbeat keeps their leases until then; a database error leaves them for the
+        next step.
+        """
+        with self._handed_back_lock:
+            taken = list(self._handed_back)
+        if not taken:
+            return
+        leases.release(self.dialect, [flight.lease for flight, _ in taken])
+        with self._handed_back_lock:
+            del self._handed_back[: len(taken)]
+        for flight, _ in taken:
+            self.flights.remove(flight)
+            flight.recorded = True
+        failures = max(1, self.executor.connect_failures)
+        pause = min(NO_CONNECTION_PAUSE * 2 ** (failures - 1), NO_CONNECTION_PAUSE_MAX)
+        self._paused_until = time.monotonic() + pause
+        logger.warning(
+            "A handler thread could not connect to the database (%s): handed %s job(s) back "
+            "without charging an attempt (%s); claiming again in %.1fs",
+            taken[-1][1], len(taken), ", ".join(str(f.job.pk) for f, _ in taken), pause,
+        )  # fmt: skip
+
     def run(self, *, burst: bool, max_jobs: int | None, pending: Callable[[], bool]) -> None:
         """Loop until stopped, or (burst) nothing is left to do, or max_jobs are done.
 
@@ -160,7 +207,14 @@ class Dispatcher:
                 break
             if max_jobs is not None and self.claimed >= max_jobs and not len(self.flights):
                 break
-            if burst and not waiting and not claimed and not held and not len(self.flights):
+            if (
+                burst
+                and not waiting
+                and not claimed
+                and not held
+                and not len(self.flights)
+                and not self.paused()  # jobs were handed back: they are ready again
+            ):
                 break
             if claimed:
                 self._idle_wait = FIRST_IDLE_POLL

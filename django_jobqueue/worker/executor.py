@@ -1,17 +1,31 @@
-"""The executor: threads that run handlers; a timed-out thread is abandoned and replaced."""
+"""The executor: threads that run handlers; a timed-out thread is abandoned and replaced.
+
+A thread connects to the queue database before it calls a handler: when the server refuses
+the connection (max_connections, say), the attempt is handed back uncharged rather than failed
+by the handler's first query. A thread left without work for IDLE_CLOSE seconds closes its
+connections, so that an idle worker holds only its duties' connections.
+"""
 
 from __future__ import annotations
 
 import logging
 import queue as queue_module
 import threading
+import time
 from collections.abc import Callable
 
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..execution import InFlight, Outcome
 
 logger = logging.getLogger(__name__)
+
+# Seconds a handler thread waits for work before it closes its connections. Short jobs keep
+# their threads busy well within it, so none of them pays a reconnection per job.
+IDLE_CLOSE = 5.0
+# Seconds between the tries of a handler thread's connection, before it gives the job back.
+CONNECT_RETRIES = (0.1, 0.3)
 
 
 class Executor:
@@ -28,10 +42,17 @@ class Executor:
         *,
         on_outcome: Callable[[Outcome], None],
         on_idle: Callable[[int], None],
+        alias: str | None = None,
+        on_no_connection: Callable[[InFlight, BaseException], None] | None = None,
     ) -> None:
         self._run = run
         self._on_outcome = on_outcome
         self._on_idle = on_idle  # called with the new load after each attempt
+        # The queue database, connected to before each handler; a flight whose connection
+        # cannot be opened goes to `on_no_connection` (settled), not to the handler.
+        self._alias = alias
+        self._on_no_connection = on_no_connection
+        self.connect_failures = 0  # attempts handed back in a row for want of a connection
         self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -48,11 +69,17 @@ class Executor:
         thread.start()
 
     def _loop(self) -> None:
+        # This thread's connection object (Django keeps one per thread and alias, closed or
+        # not): looked up once, since the lookup costs more than the rest of a job's overhead.
+        conn = connections[self._alias] if self._alias is not None else None
         try:
             while True:
-                flight = self._queue.get()
+                flight = self._next()
                 if flight is None:
                     return
+                if conn is not None and conn.connection is None and not self._connect(conn, flight):
+                    self._finished()
+                    continue
                 outcome = None
                 try:
                     outcome = self._run(flight)
@@ -70,6 +97,33 @@ class Executor:
                 self._finished()
         finally:
             connections.close_all()
+
+    def _next(self) -> InFlight | None:
+        """The next attempt to run; this thread's connections are closed while none comes."""
+        try:
+            return self._queue.get(timeout=IDLE_CLOSE)
+        except queue_module.Empty:
+            connections.close_all()  # this thread's only
+            return self._queue.get()
+
+    def _connect(self, conn: BaseDatabaseWrapper, flight: InFlight) -> bool:
+        """Open this thread's queue connection, trying a few times; False: handed back."""
+        for delay in (*CONNECT_RETRIES, None):
+            try:
+                conn.ensure_connection()
+            except (DatabaseError, InterfaceError) as exc:
+                conn.close()
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+                if flight.settle():  # not released by a shutdown meanwhile
+                    self.connect_failures += 1
+                    if self._on_no_connection is not None:
+                        self._on_no_connection(flight, exc)
+                return False
+            self.connect_failures = 0
+            return True
+        raise AssertionError("unreachable")
 
     def _observe(self, duration: float) -> None:
         ewma = self.ewma_duration

@@ -35,8 +35,9 @@ class Command(BaseCommand):
             "--check",
             action="store_true",
             help="Exit 1 when the queue is unhealthy: a queue with ready jobs and no live "
-            "worker for it, the oldest ready job older than --max-age, or leases expired "
-            "past a lease TTL beyond --max-expired.",
+            "worker for it, the oldest ready job older than --max-age, leases expired "
+            "past a lease TTL beyond --max-expired, or an open container idle past "
+            "--max-open-idle.",
         )
         parser.add_argument(
             "--max-age",
@@ -52,6 +53,13 @@ class Command(BaseCommand):
             f"{stats.DEFAULT_MAX_EXPIRED}).",
         )
         parser.add_argument(
+            "--max-open-idle",
+            default=str(stats.DEFAULT_MAX_OPEN_IDLE),
+            metavar="SECONDS",
+            help="Seconds an open (unsealed) container may go without a write or a new child "
+            f"before it is unhealthy (default {stats.DEFAULT_MAX_OPEN_IDLE:g}).",
+        )
+        parser.add_argument(
             "--minutes",
             default=str(stats.DEFAULT_MINUTES),
             metavar="N",
@@ -62,6 +70,7 @@ class Command(BaseCommand):
         thresholds = stats.Thresholds(
             max_age=_number("--max-age", options["max_age"], float, minimum=0),
             max_expired=_number("--max-expired", options["max_expired"], int, minimum=0),
+            max_open_idle=_number("--max-open-idle", options["max_open_idle"], float, minimum=0),
         )
         minutes = _number("--minutes", options["minutes"], int, minimum=1)
         watch = (
@@ -129,6 +138,13 @@ def render(figures: dict[str, Any]) -> list[str]:
     ]
     for minute, counts in throughput["per_minute"].items():
         lines.append(f"  {minute}  " + "  ".join(f"{s} {n}" for s, n in counts.items()))
+    opened = figures["open_containers"]
+    if opened["open"]:
+        lines.append(
+            f"Open containers: {opened['open']} not sealed (oldest opened "
+            f"{opened['oldest_age']:.0f}s ago), {opened['idle']} idle past the threshold"
+            + (": " + ", ".join(str(pk) for pk in opened["idle_ids"]) if opened["idle"] else "")
+        )
     if figures["unserved_queues"]:
         lines.append("Ready jobs no live worker serves: " + _pairs(figures["unserved_queues"]))
     unknown = figures["unknown_handlers"]
