@@ -134,6 +134,8 @@ def claim(
     # Only the types this process has handlers for: a job of another release's handler waits
     # for a worker that has it, instead of dying here (rolling deploys). Paused queues are left
     # out too.
+    if limit <= 0:  # no room: the one-statement claims would compile an empty LIMIT
+        return []
     using = dialect.using
     paused = scheduler.paused_queues(using) if scheduler else pausing.paused_queues(using)
     shape = (tuple(queues), registry.allowlist(), paused)

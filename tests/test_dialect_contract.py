@@ -129,6 +129,14 @@ def test_claim_takes_the_best_jobs_up_to_the_limit(dialect, claim_by):
     assert claim_by(dialect, limit=5) == []
 
 
+def test_claim_with_no_room_claims_nothing(dialect):
+    """limit=0 (or less) claims nothing on every database, whatever path the claim takes."""
+    JobFactory()
+    assert claim(dialect, limit=0) == []
+    assert claim(dialect, limit=-1) == []
+    assert Job.objects.filter(state=Job.State.READY).count() == 1
+
+
 def test_claim_takes_exactly_the_limit_when_more_are_ready(dialect, claim_by):
     ids = [JobFactory().pk for _ in range(7)]
     claimed = claim_by(dialect, limit=3)
