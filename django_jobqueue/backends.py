@@ -109,7 +109,10 @@ if HAS_TASKS:
 
     # The options a JobQueueTask carries under the queue's own names (Django's Task has
     # priority, queue_name and run_after).
-    TASK_OPTIONS = JobOptions.names() & {f.name for f in dataclasses.fields(JobQueueTask)}
+    TASK_OPTIONS = JobOptions.names() & (
+        {f.name for f in dataclasses.fields(JobQueueTask)}
+        - {f.name for f in dataclasses.fields(Task)}
+    )
 
     class JobQueueBackend(BaseTaskBackend):
         """Run Django Tasks through django_jobqueue's durable queue and worker."""
