@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from .options import JobOptions
+
 try:
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
@@ -104,6 +106,13 @@ if HAS_TASKS:
             if depends_on is not None:
                 changes["depends_on"] = tuple(depends_on)
             return dataclasses.replace(self, **changes)
+
+    # The options a JobQueueTask carries under the queue's own names (Django's Task has
+    # priority, queue_name and run_after).
+    TASK_OPTIONS = JobOptions.names() & (
+        {f.name for f in dataclasses.fields(JobQueueTask)}
+        - {f.name for f in dataclasses.fields(Task)}
+    )
 
     class JobQueueBackend(BaseTaskBackend):
         """Run Django Tasks through django_jobqueue's durable queue and worker."""
@@ -201,27 +210,22 @@ if HAS_TASKS:
                 raise InvalidTaskArguments(
                     f"Task arguments must be JSON-serializable: {exc}"
                 ) from exc
-            extra: dict[str, Any] = {}
+            # Django's validation accepts a whole float (5.0); the queue wants an int.
+            options = JobOptions(
+                priority=int(task.priority), queue=task.queue_name, run_after=run_after
+            )
+            refs: dict[str, Any] = {}
             if isinstance(task, JobQueueTask):
-                extra = {
-                    "depends_on": [_job_ref(d) for d in task.depends_on],
-                    "parent": task.parent,
-                    "group": task.group or self.default_group,
-                    "weight": task.weight,
-                    "unique_key": task.unique_key,
-                    "max_attempts": self.default_max_attempts
-                    if task.max_attempts is None
-                    else task.max_attempts,
-                    "timeout": self.default_timeout if task.timeout is None else task.timeout,
-                }
+                own = {name: getattr(task, name) for name in TASK_OPTIONS}
+                own["group"] = own["group"] or self.default_group
+                if own["max_attempts"] is None:
+                    own["max_attempts"] = self.default_max_attempts
+                if own["timeout"] is None:
+                    own["timeout"] = self.default_timeout
+                options = dataclasses.replace(options, **own)
+                refs = {"depends_on": [_job_ref(d) for d in task.depends_on], "parent": task.parent}
             job = enqueue_direct(
-                task_key(self.alias, task.module_path),
-                payload,
-                # Django's validation accepts a whole float (5.0); the queue wants an int.
-                priority=int(task.priority),
-                queue=task.queue_name,
-                run_after=run_after,
-                **extra,
+                task_key(self.alias, task.module_path), payload, **refs, **options.as_kwargs()
             )
             result = self._result(task, job)
             task_enqueued.send(type(self), task_result=result)

@@ -16,6 +16,7 @@ from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
+from .options import JobOptions
 
 JobRef = Job | int
 # The fields a cancellation writes, refreshed on a job that was cancelled as it was created.
@@ -72,11 +73,8 @@ def enqueue(
             `UnknownHandlerError`, `InvalidArgumentsError` and `InvalidDependencyError`
             name the cause. Nothing was written.
     """
-    return _enqueue(
-        type, args, depends_on=depends_on, parent=parent, follow_caller=True,
-        group=group, weight=weight, priority=priority, queue=queue, run_after=run_after,
-        max_attempts=max_attempts, timeout=timeout, unique_key=unique_key,
-    )  # fmt: skip
+    options = JobOptions.pick(locals())
+    return _enqueue(type, args, options, depends_on=depends_on, parent=parent, follow_caller=True)
 
 
 def enqueue_direct(
@@ -90,21 +88,26 @@ def enqueue_direct(
     """Like enqueue(), but write on the queue database at once even when the caller's open
     transaction is on another database (the Tasks backend needs the id right away)."""
     return _enqueue(
-        type, args, depends_on=depends_on, parent=parent, follow_caller=False, **options
+        type,
+        args,
+        JobOptions(**options),
+        depends_on=depends_on,
+        parent=parent,
+        follow_caller=False,
     )
 
 
 def _enqueue(
     type: str,
     args: dict[str, Any] | None,
+    options: JobOptions,
     *,
     depends_on: Iterable[JobRef],
     parent: JobRef | None,
     follow_caller: bool,
-    **options: Any,
 ) -> Job:
     using = conf.get().database
-    job, delay = _build(type, args, **options)
+    job, delay = _build(type, args, options)
     upstream_ids = _ids(depends_on, using, "depends_on")
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
 
@@ -121,40 +124,34 @@ def _enqueue(
 def _build(
     type: str,
     args: dict[str, Any] | None,
-    *,
-    group: str,
-    weight: int,
-    priority: int,
-    queue: str | None,
-    run_after: dt.datetime | dt.timedelta | None,
-    max_attempts: int | None,
-    timeout: float | dt.timedelta | None,
-    unique_key: str | None = None,
+    options: JobOptions,
     settings: conf.JobQueueSettings | None = None,
 ) -> tuple[Job, dt.datetime | dt.timedelta | None]:
     """Return an unsaved, fully validated Job and its run_after (absolute or relative)."""
     settings = settings or conf.get()
     registry.get(type)  # raises UnknownHandlerError
-    job = new_job(
-        type=type,
-        args=validation.check_args(type, args, settings.max_args_bytes),
-        group_key=validation.check_label("group", group, 200, allow_empty=True),
-        weight=validation.check_positive_int("weight", weight),
-        priority=validation.check_int("priority", priority),
-        queue=validation.check_label(
-            "queue", settings.default_queue if queue is None else queue, 100
-        ),
-        max_attempts=validation.check_positive_int(
-            "max_attempts", settings.max_attempts if max_attempts is None else max_attempts
-        ),
-        timeout=validation.check_timeout(settings.timeout if timeout is None else timeout),
-        unique_key=None
-        if unique_key is None
-        else validation.check_label("unique_key", unique_key, 255),
-    )
-    delay = validation.check_run_after(run_after)
+    checked_args = validation.check_args(type, args, settings.max_args_bytes)
+    fields, delay = options.job_fields(settings)
+    job = new_job(type=type, args=checked_args, **fields)
     job.run_after = delay if isinstance(delay, dt.datetime) else None
     return job, delay
+
+
+def new_container(
+    name: str, options: JobOptions, *, sealed: bool, settings: conf.JobQueueSettings
+) -> Job:
+    """Return an unsaved container job named `name`, in the group and queue of `options`."""
+    type = validation.check_label("container name", name, 200)
+    fields, _ = options.job_fields(settings)
+    return Job(
+        type=type,
+        group_key=fields["group_key"],
+        queue=fields["queue"],
+        is_container=True,
+        sealed=sealed,
+        state=Job.State.WAITING,
+        max_attempts=1,
+    )
 
 
 # The attribute values of a new Job, but for the fields set by new_job's callers.
@@ -300,17 +297,7 @@ def create_container(
     """Create an open container job named `name` (used by `jobqueue.container`)."""
     settings = conf.get()
     using = settings.database
-    box = Job(
-        type=validation.check_label("container name", name, 200),
-        group_key=validation.check_label("group", group, 200, allow_empty=True),
-        queue=validation.check_label(
-            "queue", settings.default_queue if queue is None else queue, 100
-        ),
-        is_container=True,
-        sealed=False,
-        state=Job.State.WAITING,
-        max_attempts=1,
-    )
+    box = new_container(name, JobOptions(group=group, queue=queue), sealed=False, settings=settings)
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
     other = _open_transaction_elsewhere(using)
     if other is not None:

@@ -22,12 +22,14 @@ from .enqueuing import (
     _ids,
     enqueue,
     mark_dependents,
+    new_container,
     new_job,
     runnable_state,
     waits_for,
 )
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
+from .options import JobOptions
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,24 +76,24 @@ class Graph:
                 "Graph.add() takes run_after as a datetime: the jobs of a graph are written "
                 "together, so compute the time once (timezone.now() + delay)."
             )
-        job, _ = _build(
-            type, args, group=group, weight=weight, priority=priority, queue=queue,
-            run_after=run_after, max_attempts=max_attempts, timeout=timeout,
-            settings=self.settings,
-        )  # fmt: skip
+        job, _ = _build(type, args, JobOptions.pick(locals()), settings=self.settings)
         return self._add(job, list(depends_on), parent)
 
-    def container(self, name: str, *, group: str = "", parent: JobRef | None = None) -> Job:
-        """Add a container; it is sealed when the graph is saved."""
-        settings = conf.get()
-        box = Job(
-            type=validation.check_label("container name", name, 200),
-            group_key=validation.check_label("group", group, 200, allow_empty=True),
-            queue=settings.default_queue,
-            is_container=True,
-            sealed=True,
-            max_attempts=1,
-        )
+    def container(
+        self,
+        name: str,
+        *,
+        group: str = "",
+        parent: JobRef | None = None,
+        queue: str | None = None,
+    ) -> Job:
+        """Add a container; it is sealed when the graph is saved.
+
+        As with `jobqueue.container()`, `group` and `queue` are the container row's own
+        (``None``: ``JOBQUEUE["DEFAULT_QUEUE"]``); its children take the ones they are given.
+        """
+        options = JobOptions(group=group, queue=queue)
+        box = new_container(name, options, sealed=True, settings=self.settings)
         return self._add(box, [], parent)
 
     def _add(self, job: Job, upstream: list[JobRef], parent: JobRef | None) -> Job:
@@ -266,12 +268,9 @@ def graph() -> Iterator[Graph]:
     builder.save()
 
 
-# The keyword arguments a spec of enqueue_many() may give (enqueue()'s, but parent and
+# The keyword arguments a spec of enqueue_many() may give (enqueue()'s, including parent and
 # depends_on, which name existing jobs: the graph builder takes them too).
-_SPEC_KEYS = frozenset(
-    ["type", "args", "depends_on", "parent", "group", "weight", "priority", "queue",
-     "run_after", "max_attempts", "timeout", "unique_key"]
-)  # fmt: skip
+_SPEC_KEYS = frozenset({"type", "args", "depends_on", "parent"} | JobOptions.names())
 
 
 def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -> list[Job]:
@@ -294,11 +293,7 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
             kwargs.pop("unique_key", None)
             plain.append(builder.add(**kwargs))
         else:
-            options = {
-                k: v for k, v in kwargs.items() if k not in ("type", "args", "depends_on", "parent")
-            }
-            _build(kwargs["type"], kwargs.get("args"), **options, **_defaults(kwargs),
-                   settings=builder.settings)  # fmt: skip
+            _build(kwargs["type"], kwargs.get("args"), JobOptions.pick(kwargs), builder.settings)
             plain.append(None)
     if all(job is not None for job in plain):
         return builder.save()
@@ -332,7 +327,7 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
         type_ = spec["type"]
         template = templates.get(type_) if isinstance(type_, str) else None
         if template is None:
-            job, _ = _build(type_, None, **_defaults({}), settings=settings)
+            job, _ = _build(type_, None, JobOptions(), settings)
             template = {k: v for k, v in job.__dict__.items() if k not in _OWN}
             template["state"] = Job.State.READY
             templates[type_] = template
@@ -354,18 +349,6 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
     if jobs:
         get_dialect(using).run_in_caller_transaction(txn)
     return jobs
-
-
-def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The options _build() needs that a spec may leave out, at enqueue()'s defaults."""
-    return {
-        name: default
-        for name, default in {
-            "group": "", "weight": 1, "priority": 0, "queue": None, "run_after": None,
-            "max_attempts": None, "timeout": None,
-        }.items()
-        if name not in kwargs
-    }  # fmt: skip
 
 
 def _spec(index: int, spec: Any) -> dict[str, Any]:

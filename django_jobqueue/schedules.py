@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 from . import conf, registry, validation
 from .dialects import Dialect
 from .exceptions import HandlerRegistrationError, InvalidJobError, JobQueueError
+from .options import JobOptions
 
 CATCH_UP = ("once", "skip")
 DEFAULT_CATCH_UP = "once"
@@ -94,6 +95,15 @@ class Schedule:
     def unique_key(self, slot: dt.datetime) -> str:
         """The unique key of the job of `slot`."""
         return f"schedule:{self.name}:{slot.astimezone(dt.UTC).isoformat()}"
+
+    def job_options(self, slot: dt.datetime) -> JobOptions:
+        """The options of the job of `slot`."""
+        return JobOptions(
+            queue=self.queue,
+            group=self.group,
+            priority=self.priority,
+            unique_key=self.unique_key(slot),
+        )
 
     def decide(self, last: dt.datetime, now: dt.datetime) -> tuple[dt.datetime | None, bool]:
         """Return (the latest slot due after `last`, whether to enqueue it); (None, False): none.
@@ -175,11 +185,8 @@ def parse(name: Any, raw: Any) -> Schedule:
         raise bad(f"'grace' must be a positive number of seconds, not {grace!r}.")
     try:
         args = validation.check_args(handler, raw.get("args", {}), conf.get().max_args_bytes)
-        queue = raw.get("queue")
-        if queue is not None:
-            validation.check_label("queue", queue, 100)
-        group = validation.check_label("group", raw.get("group", ""), 200, allow_empty=True)
-        priority = validation.check_int("priority", raw.get("priority", 0))
+        queue, group, priority = raw.get("queue"), raw.get("group", ""), raw.get("priority", 0)
+        JobOptions(queue=queue, group=group, priority=priority).job_fields()
     except InvalidJobError as exc:
         raise bad(str(exc)) from None
     return Schedule(

@@ -495,6 +495,25 @@ def test_graph_builder_writes_containers_and_edges_and_runs():
     assert len(jobs) == 10 and all(j.pk and j.state == "ready" for j in jobs)
 
 
+def test_graph_container_takes_queue_as_container_does():
+    # Both builders give the container row the queue and group they are given; its children
+    # take their own (the default queue when none is given).
+    with jobqueue.container("open", group="g", queue="emails") as open_box:
+        open_child = jobqueue.enqueue("test.noop", parent=open_box)
+    with jobqueue.graph() as g:
+        box = g.container("graphed", group="g", queue="emails")
+        child = g.add("test.noop", parent=box)
+        default_box = g.container("default")
+    rows = Job.objects.in_bulk([open_box.pk, open_child.pk, box.pk, child.pk, default_box.pk])
+    assert (rows[box.pk].queue, rows[box.pk].group_key) == ("emails", "g")
+    assert (rows[open_box.pk].queue, rows[open_box.pk].group_key) == ("emails", "g")
+    assert rows[child.pk].queue == rows[open_child.pk].queue == "default"
+    assert rows[default_box.pk].queue == "default"
+    with pytest.raises(InvalidJobError, match="queue"), jobqueue.graph() as g:
+        g.container("bad", queue="")
+    assert Job.objects.count() == 5
+
+
 def test_graph_of_ten_thousand_jobs_is_written_in_one_transaction():
     containers, per_container = 99, 100
     with CaptureQueriesContext(connection) as queries, jobqueue.graph() as g:

@@ -75,22 +75,16 @@ def take_slot(dialect: Dialect, schedule: Schedule, now: dt.datetime) -> Job | N
 
 def enqueue_slot(schedule: Schedule, slot: dt.datetime) -> Job:
     """Enqueue the job of `slot` (a task through its backend, so its signals are sent)."""
-    key = schedule.unique_key(slot)
+    options = schedule.job_options(slot)
     if schedule.task is None:
-        return enqueue(
-            schedule.handler,
-            schedule.args,
-            queue=schedule.queue,
-            group=schedule.group,
-            priority=schedule.priority,
-            unique_key=key,
-        )
-    options: dict[str, Any] = {"unique_key": key, "priority": schedule.priority}
-    if schedule.group:
-        options["group"] = schedule.group
-    if schedule.queue is not None:
-        options["queue_name"] = schedule.queue
-    result = import_string(schedule.task).using(**options).enqueue(**schedule.args)
+        return enqueue(schedule.handler, schedule.args, **options.as_kwargs())
+    # Only what the schedule sets: an unset group or queue keeps the task's own.
+    changes: dict[str, Any] = {"unique_key": options.unique_key, "priority": options.priority}
+    if options.group:
+        changes["group"] = options.group
+    if options.queue is not None:
+        changes["queue_name"] = options.queue
+    result = import_string(schedule.task).using(**changes).enqueue(**schedule.args)
     return Job.objects.using(conf.get().database).get(pk=int(result.id))
 
 

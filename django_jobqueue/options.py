@@ -1,0 +1,72 @@
+"""JobOptions: the one definition of the options a job is enqueued with, and their checks.
+
+Every entry point (enqueue(), enqueue_many(), Graph.add(), the Tasks backend, schedules) keeps
+its explicit keyword arguments for readers and docs, and hands them here; a new option is a
+field of JobOptions plus a keyword in those signatures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from . import conf, validation
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobOptions:
+    """How a job runs: its group, weight, priority, queue, time, attempts, timeout and key."""
+
+    group: str = ""
+    weight: int = 1
+    priority: int = 0
+    queue: str | None = None
+    run_after: dt.datetime | dt.timedelta | None = None
+    max_attempts: int | None = None
+    timeout: float | dt.timedelta | None = None
+    unique_key: str | None = None
+
+    @classmethod
+    def names(cls) -> frozenset[str]:
+        """Return the option names (the keyword arguments an entry point passes on)."""
+        return frozenset(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def pick(cls, arguments: Mapping[str, Any]) -> JobOptions:
+        """Return the options among `arguments` (an entry point's locals()), others at default."""
+        return cls(**{name: arguments[name] for name in cls.names() if name in arguments})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Return the options as enqueue() keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def job_fields(
+        self, settings: conf.JobQueueSettings | None = None
+    ) -> tuple[dict[str, Any], dt.datetime | dt.timedelta | None]:
+        """Check every option; return the Job field values and run_after (absolute or relative).
+
+        Unset options take the JOBQUEUE settings' defaults. Raises InvalidJobError (a
+        ValueError) naming the first bad option.
+        """
+        settings = settings or conf.get()
+        fields = {
+            "group_key": validation.check_label("group", self.group, 200, allow_empty=True),
+            "weight": validation.check_positive_int("weight", self.weight),
+            "priority": validation.check_int("priority", self.priority),
+            "queue": validation.check_label(
+                "queue", settings.default_queue if self.queue is None else self.queue, 100
+            ),
+            "max_attempts": validation.check_positive_int(
+                "max_attempts",
+                settings.max_attempts if self.max_attempts is None else self.max_attempts,
+            ),
+            "timeout": validation.check_timeout(
+                settings.timeout if self.timeout is None else self.timeout
+            ),
+            "unique_key": None
+            if self.unique_key is None
+            else validation.check_label("unique_key", self.unique_key, 255),
+        }
+        return fields, validation.check_run_after(self.run_after)
