@@ -173,8 +173,11 @@ if os.environ.get("JOBQUEUE_TEST_NEW_RELEASE"):
 @jobqueue.handler("test.slow_to_check")
 def slow_to_check(marker: str) -> list[int]:
     """Return a result that takes the worker a while to check, after saying it returns."""
+    # Built before the marker: between the marker and the return there is nothing left to run,
+    # so a loaded machine cannot hold the handler there while the test sends its SIGTERM.
+    result = [0] * 340_000
     Path(marker).write_text("returning")
-    return [0] * 340_000
+    return result
 
 
 # The bad Retry arguments a handler might pass: checked where Retry is raised.
