@@ -68,17 +68,20 @@ test-mysql: venv
 	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
 	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
 
-# The three databases' lanes run side by side (their databases, state directories and coverage
-# files are their own; most of a lane's time is spent waiting on worker processes). Each lane's
-# output is printed in one piece when it ends; a failed lane fails `make test` once all ended.
+# The three databases' lanes have databases, state directories and coverage files of their own,
+# so they can run side by side (LANE_JOBS=3). On a 2-core machine that made the lanes slower in
+# all (27-30 min side by side against about 20 one after another) and starved the multi-process
+# tests into timing failures, so they run one after another by default. Each lane's output is
+# printed in one piece when it ends; a failed lane fails `make test`.
 # The static checks run side by side first, and the lanes only if they pass. The demo's venv is
 # built before: a test of each lane runs the demo in it (tests/test_demo.py).
 STATIC ?= lint typecheck checks docs
 LANES ?= test-sqlite test-postgres test-mysql
+LANE_JOBS ?= 1
 test: venv demo-venv
 	$(MAKE) --jobs=4 --output-sync=target $(STATIC)
 	rm -rf $(COV_DATA)
-	$(MAKE) --jobs=3 --output-sync=target $(LANES)
+	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES)
 	$(MAKE) coverage
 
 # Combine the coverage data of the lanes run since the last `make test` and report it. With
@@ -96,7 +99,7 @@ coverage: venv
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
 chaos: venv
-	$(MAKE) --jobs=3 --output-sync=target $(LANES) PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
+	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES) PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
 
 # Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
 bench: venv

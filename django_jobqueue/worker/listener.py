@@ -24,6 +24,12 @@ class WakeListener(Duty):
     retry_after = 1.0
     max_backoff = 10.0
 
+    @classmethod
+    def duty_name(cls) -> str:
+        # The thread and the log lines kept the duty's name from before the class was renamed:
+        # operators and their alerts read "Worker duty listener failed".
+        return "listener"
+
     def __init__(
         self,
         dialect: Dialect,
