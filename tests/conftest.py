@@ -21,6 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["django_jobqueue.testing.pytest_plugin"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts worker processes `processes` (the CI matrix leaves them to
+    the main lanes: they prove the worker's behaviour, which the Python and Django versions do
+    not change, and they take most of a lane's time)."""
+    for item in items:
+        if "start_worker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.processes)
+
+
 def poll(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05) -> Any:
     """Return predicate()'s first truthy value, failing the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
