@@ -49,6 +49,9 @@ class JobQueueSettings:
     # seconds an open (unsealed) container may go without a write or a new child before the
     # workers fail it as ContainerNotSealed; None: never
     open_container_timeout: float | None = 3600.0
+    # whether workers do the upkeep of the queue's tables the database is not doing (on
+    # PostgreSQL: VACUUM and ANALYZE where autovacuum is off or lags; see worker/maintainer.py)
+    maintenance: bool = True
     # final state -> age ("7d", seconds, a timedelta) after which workers delete such jobs;
     # a state left out, or None, is kept forever
     retention: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -177,6 +180,8 @@ def _validate(conf: JobQueueSettings) -> None:
                 f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters (no "
                 f"control characters) to integers from 1 to {INT_MAX}."
             )
+    if not isinstance(conf.maintenance, bool):
+        raise ImproperlyConfigured("JOBQUEUE['MAINTENANCE'] must be True or False.")
     if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
         raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
     if conf.dynamic_limit is not None and not (

@@ -103,6 +103,8 @@ class Dialect:
     can_return_rows_from_update = False
     # Whether the database can push a wake-up to idle workers (LISTEN/NOTIFY).
     supports_listen_notify = False
+    # Whether maintain() has upkeep to do (the worker runs its maintainer duty then).
+    maintains_tables = False
     # Human-readable name of the claim strategy, for the worker's start-up line.
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED"
     # Attempts of a write transaction that hits lock contention, and its backoff.
@@ -319,6 +321,15 @@ class Dialect:
 
     def storage_tuning(self) -> list[str]:
         """Statements that tune the queue tables' storage for their churn (none by default)."""
+        return []
+
+    def maintain(self, *, min_rows: int, fraction: float) -> list[str]:
+        """Do the upkeep of the queue's tables that the database is not doing; return the
+        statements run (none by default: the database keeps its own tables in shape).
+
+        A table is due once `min_rows` rows, and `fraction` of its live rows, have died or
+        changed since the database last did it.
+        """
         return []
 
     # -- SQL building blocks -----------------------------------------------------------------

@@ -49,6 +49,7 @@ class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     can_return_rows_from_update = True
     supports_listen_notify = True
+    maintains_tables = True
     claim_strategy = "UPDATE ... RETURNING over SELECT ... FOR UPDATE SKIP LOCKED (READ COMMITTED)"
 
     def begin(self) -> None:
@@ -143,6 +144,35 @@ class PostgreSQLDialect(Dialect):
             f"ALTER TABLE {edge} SET (autovacuum_vacuum_scale_factor = 0.05, "
             "autovacuum_analyze_scale_factor = 0.05)",
         ]
+
+    def maintain(self, *, min_rows: int, fraction: float) -> list[str]:
+        # Every claim and finish leaves a dead row version, and its entry in the ready index,
+        # until a VACUUM removes them; a claim steps over the dead entries at the front of
+        # that index, so it costs more with every job claimed since the last one. Where
+        # autovacuum is off or lags behind, the queue vacuums its own tables. SKIP_LOCKED: a
+        # table another worker (or autovacuum) is vacuuming is skipped, not waited for.
+        tables = [Job._meta.db_table, JobDependency._meta.db_table]
+        ran = []
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT s.relname, s.n_live_tup, s.n_dead_tup, s.n_mod_since_analyze, "
+                "pg_has_role(c.relowner, 'USAGE') FROM pg_stat_user_tables AS s "
+                "JOIN pg_class AS c ON c.oid = s.relid WHERE s.relid = ANY(%s::regclass[])",
+                [[self.qn(t) for t in tables]],
+            )
+            for table, live, dead, changed, owned in cursor.fetchall():
+                due = max(min_rows, fraction * live)
+                if not owned:  # only the owner may (the server would warn and skip it)
+                    continue
+                if dead >= due:
+                    sql = f"VACUUM (ANALYZE, SKIP_LOCKED) {self.qn(table)}"
+                elif changed >= due:  # the planner's row counts are that far off
+                    sql = f"ANALYZE (SKIP_LOCKED) {self.qn(table)}"
+                else:
+                    continue
+                cursor.execute(sql)
+                ran.append(sql)
+        return ran
 
     def promote(self, ids: Sequence[int]) -> set[str]:
         # One statement: the test for unfinished upstreams is a NOT EXISTS in the UPDATE,

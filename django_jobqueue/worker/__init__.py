@@ -44,6 +44,8 @@ from .executor import Executor
 from .flights import Flights
 from .heartbeat import Heartbeat
 from .listener import WakeListener
+from .maintainer import INTERVAL as MAINTENANCE_INTERVAL
+from .maintainer import Maintainer
 from .promoter import Promoter
 from .pruner import Pruner
 from .reclaimer import Reclaimer
@@ -254,6 +256,10 @@ class JobWorker:
                     batch=conf.reclaim_batch,
                 )
             )
+        if conf.maintenance and dialect.maintains_tables:
+            duties.append(
+                Maintainer(dialect, interval=MAINTENANCE_INTERVAL, lock_timeout=lock_timeout)
+            )
         if ages := conf.retention_ages():
             duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
@@ -268,6 +274,9 @@ class JobWorker:
         for duty in duties:
             duty.idle_timeout = self.lease_ttl
             duty.start()
+        logger.info(
+            "Worker %s duties: %s", self.worker_id, ", ".join(d.duty_name() for d in duties)
+        )
         try:
             dispatcher.run(
                 burst=self.burst,
