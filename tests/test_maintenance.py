@@ -52,7 +52,10 @@ def table_stats() -> tuple[int, int]:
 
 def make_dead_rows(count: int) -> None:
     """`count` new jobs, each updated once: `count` dead row versions."""
-    jobs = Job.objects.bulk_create((Job(type="test.noop") for _ in range(count)), batch_size=5000)
+    # Of a handler no worker here has: they stay `ready`, never claimed.
+    jobs = Job.objects.bulk_create(
+        (Job(type="test.of_another_release") for _ in range(count)), batch_size=5000
+    )
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(priority=1)
 
 
@@ -114,10 +117,10 @@ def test_a_worker_vacuums_the_job_table_when_autovacuum_is_off(no_autovacuum, st
     _, vacuums = table_stats()
     worker = start_worker()
     worker.wait_registered()
-    poll(lambda: table_stats()[1] > vacuums, timeout=60)
+    poll(lambda: f'Ran VACUUM (ANALYZE, SKIP_LOCKED) "{TABLE}"' in worker.output(), timeout=60)
+    assert table_stats()[1] > vacuums
     assert worker.stop() == 0
     output = worker.output()
-    assert f'Ran VACUUM (ANALYZE, SKIP_LOCKED) "{TABLE}"' in output
     (duties,) = [line for line in output.splitlines() if " duties: " in line]
     assert "maintainer" in duties
 
@@ -143,3 +146,25 @@ def test_only_postgresql_has_upkeep_to_do():
     assert dialect.maintains_tables == (connection.vendor == "postgresql")
     if connection.vendor != "postgresql":
         assert dialect.maintain(min_rows=1, fraction=0.0) == []
+
+
+@needs_postgres
+def test_every_connection_of_a_worker_names_its_worker_and_duty(start_worker):
+    worker = start_worker()
+    row = worker.wait_registered()
+
+    def names() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s",
+                [f"jobqueue % {row.id}"],
+            )
+            return {name for (name,) in cursor.fetchall()}
+
+    expected = {
+        f"jobqueue {duty} {row.id}"
+        for duty in ("dispatcher", "heartbeat", "promoter", "reclaimer", "maintainer", "listener")
+    }
+    found = poll(lambda: (n := names()) >= expected and n)
+    assert all(name.startswith("jobqueue ") for name in found)
+    assert worker.stop() == 0

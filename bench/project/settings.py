@@ -47,4 +47,7 @@ else:
 _default["CONN_MAX_AGE"] = None
 DATABASES = {"default": _default}
 JOBQUEUE = {}
+# BENCH_MAINTENANCE=0: the workers leave the tables' upkeep to the database (bench/backlog.py).
+if os.environ.get("BENCH_MAINTENANCE") == "0":
+    JOBQUEUE["MAINTENANCE"] = False
 LOGGING = {"version": 1, "disable_existing_loggers": False}

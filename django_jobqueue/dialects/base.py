@@ -323,6 +323,12 @@ class Dialect:
         """Statements that tune the queue tables' storage for their churn (none by default)."""
         return []
 
+    def name_session(self, name: str) -> None:
+        """Give this thread's (just opened) connection a name the server shows its operators.
+
+        Nothing by default: only some databases have a name a client can set.
+        """
+
     def maintain(self, *, min_rows: int, fraction: float) -> list[str]:
         """Do the upkeep of the queue's tables that the database is not doing; return the
         statements run (none by default: the database keeps its own tables in shape).

@@ -145,6 +145,13 @@ class PostgreSQLDialect(Dialect):
             "autovacuum_analyze_scale_factor = 0.05)",
         ]
 
+    def name_session(self, name: str) -> None:
+        # application_name, as pg_stat_activity shows it (the server cuts it to 63 bytes).
+        # A session setting, which PgBouncer tracks per client and restores on whichever
+        # server connection it hands that client.
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('application_name', %s, false)", [name[:63]])
+
     def maintain(self, *, min_rows: int, fraction: float) -> list[str]:
         # Every claim and finish leaves a dead row version, and its entry in the ready index,
         # until a VACUUM removes them; a claim steps over the dead entries at the front of

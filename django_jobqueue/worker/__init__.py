@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -35,6 +36,7 @@ from .. import execution, leases, schedules, wake
 from ..dialects import get_dialect
 from ..execution import InFlight
 from ..scheduling import Scheduler
+from . import naming
 from .burst import BurstCheck
 from .closer import Closer
 from .completer import Completer
@@ -149,6 +151,18 @@ class JobWorker:
 
     def run(self, *, install_signals: bool = True) -> int:
         """Run until stopped (signal, --burst with nothing to do, --max-jobs); return exit code."""
+        unname = naming.install(self.worker_id)
+        try:
+            # This thread's connection may be open already: name it as a new one would be.
+            if self.dialect.connection.connection is not None:
+                self.dialect.name_session(
+                    naming.label(threading.current_thread().name, self.worker_id)
+                )
+            return self._run(install_signals=install_signals)
+        finally:
+            unname()
+
+    def _run(self, *, install_signals: bool) -> int:
         conf, dialect = self.conf, self.dialect
         dialect.check_server()
         if install_signals:

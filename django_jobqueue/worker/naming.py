@@ -1,0 +1,55 @@
+"""Connection names: each connection a worker opens says which worker and duty it serves.
+
+An operator reading `pg_stat_activity` sees `jobqueue heartbeat <worker id>`,
+`jobqueue dispatcher <worker id>`, `jobqueue handler <worker id>` and so on, instead of rows
+that all look alike. The name comes from the thread that opens the connection (each duty runs
+on a thread named `jobqueue-<duty>`), and is set as the connection is opened, so it holds
+through reconnects. Where the database has no such name (MySQL/MariaDB, SQLite), nothing is
+sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.backends.signals import connection_created
+
+from ..dialects import get_dialect
+from ..exceptions import UnsupportedDatabaseError
+
+logger = logging.getLogger(__name__)
+
+# Thread names that are not "jobqueue-<duty>": the main thread runs the dispatcher, and the
+# executor's threads run handlers.
+_ROLES = {"MainThread": "dispatcher", "jobqueue-exec": "handler"}
+
+
+def label(thread_name: str, worker_id: str) -> str:
+    """Return the connection name of a thread of worker `worker_id`."""
+    role = _ROLES.get(thread_name) or thread_name.removeprefix("jobqueue-")
+    return f"jobqueue {role} {worker_id}"
+
+
+def install(worker_id: str) -> Callable[[], None]:
+    """Name every connection this process opens from now on; return the undo."""
+
+    def name(sender: Any, connection: Any, **kwargs: Any) -> None:
+        try:
+            dialect = get_dialect(connection.alias)
+        except UnsupportedDatabaseError:  # a handler's connection to a database of its own
+            return
+        try:
+            dialect.name_session(label(threading.current_thread().name, worker_id))
+        except DatabaseError:  # a name is never worth a failed connection
+            logger.debug("Could not name a connection of %s", connection.alias, exc_info=True)
+
+    connection_created.connect(name, weak=False)
+
+    def uninstall() -> None:
+        connection_created.disconnect(name)
+
+    return uninstall
