@@ -227,11 +227,15 @@ def test_pruner_duty_deletes_one_bounded_batch_per_tick():
     for _ in range(5):
         make(Job.State.DONE, days=3)
     pruner = Pruner(
-        get_dialect("default"), ages={"done": dt.timedelta(days=1)}, lock_timeout=5, batch_size=2
+        get_dialect("default"),
+        ages={"done": dt.timedelta(days=1)},
+        lock_timeout=5,
+        batch_size=2,
+        max_batch_size=2,
     )
-    assert pruner.tick() == BUSY_INTERVAL
+    assert pruner.tick() <= BUSY_INTERVAL
     assert Job.objects.count() == 3
-    assert pruner.tick() == BUSY_INTERVAL
+    assert pruner.tick() <= BUSY_INTERVAL
     assert pruner.tick() > BUSY_INTERVAL  # the pass ended: back to the slow pace
     assert Job.objects.count() == 0
 
@@ -321,3 +325,25 @@ def test_prune_and_stats_use_the_queue_database(tmp_path, settings):
         assert "Deleted 1 job(s)" in prune("--older-than", "1d")
         assert not Job.objects.using("queue").filter(state="done").exists()
         assert alive(here) == [True]
+
+
+def test_pruner_batches_grow_while_a_backlog_remains_and_stay_within_bounds():
+    from django_jobqueue.worker.pruner import BUSY_INTERVAL, MIN_PAUSE, Pruner
+
+    for _ in range(40):
+        make(Job.State.DONE, days=3)
+    pruner = Pruner(
+        get_dialect("default"),
+        ages={"done": dt.timedelta(days=1)},
+        lock_timeout=5,
+        batch_size=2,
+        max_batch_size=16,
+    )
+    sizes, pauses = [], []
+    while Job.objects.exists():
+        sizes.append(pruner.batch_size)
+        pauses.append(pruner.tick())
+    # Quick full batches double up to the ceiling: 2 + 4 + 8 + 16 + 16 > 40 rows.
+    assert sizes[:4] == [2, 4, 8, 16]
+    assert max(sizes) == 16
+    assert all(MIN_PAUSE <= p <= BUSY_INTERVAL for p in pauses[:-1])

@@ -1,9 +1,13 @@
 """The pruner: applies JOBQUEUE["RETENTION"], one bounded batch of old jobs at a time.
 
-Every worker prunes, at a low rate, so a deployment stays bounded with no cron job: one
-batch (one short transaction, see `pruning`) per tick, a tick every PRUNE_INTERVAL seconds
-once nothing is left to delete, every BUSY_INTERVAL while a backlog remains. Workers that
-prune at once skip each other's locked rows.
+Every worker prunes, so a deployment stays bounded with no cron job: one batch (one short
+transaction, see `pruning`) per tick, a tick every PRUNE_INTERVAL seconds once nothing is left
+to delete. While a backlog remains, the pace follows the rate at which jobs finish: the next
+batch comes after a pause as long as the last batch took (pruning gets at most half of the
+duty's time), and the batch doubles, up to MAX_BATCH_SIZE rows, while full batches take under
+FAST seconds, and halves when one takes over SLOW. So RETENTION bounds the table at any rate
+the workers can drain, and a batch's transaction stays short. Workers that prune at once skip
+each other's locked rows.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import time
 
 from .. import pruning
 from ..dialects import Dialect
@@ -19,7 +24,9 @@ from .duty import Duty
 logger = logging.getLogger(__name__)
 
 PRUNE_INTERVAL = 60.0  # seconds between batches once caught up (+-20% jitter)
-BUSY_INTERVAL = 1.0  # seconds between batches while old jobs are left
+BUSY_INTERVAL = 1.0  # seconds between batches while old jobs are left, at most
+MIN_PAUSE = 0.05  # seconds between batches while old jobs are left, at least
+FAST, SLOW = 0.25, 1.0  # seconds a batch takes below which it grows, above which it shrinks
 
 
 class Pruner(Duty):
@@ -33,10 +40,13 @@ class Pruner(Duty):
         lock_timeout: float,
         interval: float = PRUNE_INTERVAL,
         batch_size: int = pruning.DEFAULT_BATCH_SIZE,
+        max_batch_size: int = pruning.MAX_BATCH_SIZE,
     ) -> None:
         super().__init__(dialect, interval=interval, lock_timeout=lock_timeout)
         self.ages = dict(ages)
-        self.batch_size = batch_size
+        self.min_batch_size = min(batch_size, max_batch_size)
+        self.max_batch_size = max_batch_size
+        self.batch_size = self.min_batch_size
         self._states = list(self.ages)
         self._turn = 0
         self._cursors = {state: pruning.Cursor() for state in self._states}
@@ -45,6 +55,7 @@ class Pruner(Duty):
     def tick(self) -> float | None:
         state = self._states[self._turn % len(self._states)]
         self._turn += 1
+        started = time.monotonic()
         batch = pruning.prune_batch(
             self.dialect,
             state=state,
@@ -52,6 +63,11 @@ class Pruner(Duty):
             cursor=self._cursors[state],
             batch_size=self.batch_size,
         )
+        took = time.monotonic() - started
+        if took > SLOW:
+            self.batch_size = max(self.min_batch_size, self.batch_size // 2)
+        elif not batch.done and took < FAST:
+            self.batch_size = min(self.max_batch_size, self.batch_size * 2)
         if batch.deleted:
             logger.info("Pruned %s %s job(s) past their retention", batch.deleted, state)
         if batch.done:
@@ -60,6 +76,6 @@ class Pruner(Duty):
         else:
             self._backlog.add(state)
         if self._backlog:
-            return BUSY_INTERVAL
+            return min(BUSY_INTERVAL, max(MIN_PAUSE, took))
         self._backlog = set(self._states)
         return self.interval * random.uniform(0.8, 1.2)
