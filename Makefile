@@ -81,7 +81,7 @@ LANE_JOBS ?= 1
 test: venv demo-venv
 	$(MAKE) --jobs=4 --output-sync=target $(STATIC)
 	rm -rf $(COV_DATA)
-	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES)
+	$(MAKE) --jobs=$(LANE_JOBS) --keep-going --output-sync=target $(LANES)
 	$(MAKE) coverage
 
 # Combine the coverage data of the lanes run since the last `make test` and report it. With

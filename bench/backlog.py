@@ -80,40 +80,36 @@ def drain(jobs: int, workers: int, args: list[str], interval: float) -> dict[str
     stages = {"start": claim_buffers()}
     started = time.perf_counter()
     procs = harness.start_workers(workers, args)
+    counts: list[tuple[float, int]] = []  # (seconds since the start, jobs done)
     samples: list[dict[str, Any]] = []
-    first = None
-    done = last_done = 0
-    last = started
+    done = 0
     try:
         while done < jobs:
-            time.sleep(min(interval, 0.05) if first is None else 0.5)
-            now = time.perf_counter()
-            if now - started > 1800:
+            time.sleep(0.25)
+            now = time.perf_counter() - started
+            if now > 1800:
                 raise TimeoutError(f"{done}/{jobs} done after 1800 s")
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker exited early (see .bench-state/workers.log)")
-            if first is None or now - last >= interval:
-                done = harness.done_count()
-                if first is None:
-                    if done:
-                        first = (now, done)
-                        last, last_done = now, done
-                    continue
-                rate = round((done - last_done) / (now - last))
-                samples.append({"t": round(now - started, 1), "per_s": rate} | table_stats())
-                last, last_done = now, done
-                if "middle" not in stages and done >= jobs // 2:
-                    stages["middle"] = claim_buffers()
-        end = time.perf_counter()
+            done = harness.done_count()
+            counts.append((now, done))
+            since = next((c for c in reversed(counts) if c[0] <= now - interval), None)
+            if since and (not samples or now - samples[-1]["t"] >= interval):
+                rate = round((done - since[1]) / (now - since[0]))
+                samples.append({"t": round(now, 1), "per_s": rate} | table_stats())
+            if "middle" not in stages and done >= jobs // 2:
+                stages["middle"] = claim_buffers()
     finally:
         harness.stop_workers(procs)
-    assert first is not None
     stages["end"] = claim_buffers()
+    # The steady rate: from 10% to 90% done, leaving out the start-up and the tail.
+    t10 = next(t for t, d in counts if d >= jobs * 0.1)
+    t90 = next(t for t, d in counts if d >= jobs * 0.9)
     return {
         "jobs": jobs,
         "workers": workers,
         "args": " ".join(args),
-        "steady_jobs_per_s": round((jobs - first[1]) / (end - first[0])),
+        "steady_jobs_per_s": round(jobs * 0.8 / (t90 - t10)) if t90 > t10 else None,
         "samples": samples,
         "claim": stages,
         "after": table_stats(),
@@ -133,10 +129,10 @@ def main() -> None:
     rates = {}
     for size in opts.sizes:
         figures = drain(size, opts.workers, args, opts.interval)
-        rates[size] = figures["steady_jobs_per_s"]
+        rates[size] = figures["steady_jobs_per_s"] or 0
         harness.report("backlog", figures)
     small, large = min(rates), max(rates)
-    if small != large:
+    if small != large and rates[small]:
         harness.report(
             "backlog_ratio",
             {"small": small, "large": large, "ratio": round(rates[large] / rates[small], 2)},

@@ -5,6 +5,7 @@ SQLite in WAL mode in $BENCH_STATE (default .bench-state). Connections persist
 (CONN_MAX_AGE=None), as a worker's do in production.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -50,4 +51,7 @@ JOBQUEUE = {}
 # BENCH_MAINTENANCE=0: the workers leave the tables' upkeep to the database (bench/backlog.py).
 if os.environ.get("BENCH_MAINTENANCE") == "0":
     JOBQUEUE["MAINTENANCE"] = False
+# BENCH_RETENTION='{"done": "1m"}': RETENTION for the workers, as JSON (bench/sustained.py).
+if os.environ.get("BENCH_RETENTION"):
+    JOBQUEUE["RETENTION"] = json.loads(os.environ["BENCH_RETENTION"])
 LOGGING = {"version": 1, "disable_existing_loggers": False}

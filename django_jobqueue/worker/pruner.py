@@ -1,13 +1,14 @@
 """The pruner: applies JOBQUEUE["RETENTION"], one bounded batch of old jobs at a time.
 
 Every worker prunes, so a deployment stays bounded with no cron job: one batch (one short
-transaction, see `pruning`) per tick, a tick every PRUNE_INTERVAL seconds once nothing is left
-to delete. While a backlog remains, the pace follows the rate at which jobs finish: the next
-batch comes after a pause as long as the last batch took (pruning gets at most half of the
-duty's time), and the batch doubles, up to MAX_BATCH_SIZE rows, while full batches take under
-FAST seconds, and halves when one takes over SLOW. So RETENTION bounds the table at any rate
-the workers can drain, and a batch's transaction stays short. Workers that prune at once skip
-each other's locked rows.
+transaction, see `pruning`) per tick. A pass that found nothing to delete is followed by one
+PRUNE_INTERVAL seconds later; a pass that deleted rows, by one a second later (under a steady
+load, jobs pass their age every second). While a backlog remains, the pace follows the rate
+at which jobs finish: the next batch comes after a pause as long as the last batch took
+(pruning gets at most half of the duty's time), and the batch doubles, up to MAX_BATCH_SIZE
+rows, while full batches take under FAST seconds, and halves when one takes over SLOW. So
+RETENTION bounds the table at any rate the workers can drain, and a batch's transaction stays
+short. Workers that prune at once skip each other's locked rows.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Pruner(Duty):
         self._turn = 0
         self._cursors = {state: pruning.Cursor() for state in self._states}
         self._backlog = set(self._states)  # states whose current pass has not ended
+        self._pass_deleted = 0  # rows deleted since the current passes began
 
     def tick(self) -> float | None:
         state = self._states[self._turn % len(self._states)]
@@ -70,6 +72,7 @@ class Pruner(Duty):
             self.batch_size = min(self.max_batch_size, self.batch_size * 2)
         if batch.deleted:
             logger.info("Pruned %s %s job(s) past their retention", batch.deleted, state)
+            self._pass_deleted += batch.deleted
         if batch.done:
             self._cursors[state] = pruning.Cursor()  # the next pass starts over
             self._backlog.discard(state)
@@ -78,4 +81,7 @@ class Pruner(Duty):
         if self._backlog:
             return min(BUSY_INTERVAL, max(MIN_PAUSE, took))
         self._backlog = set(self._states)
+        deleted, self._pass_deleted = self._pass_deleted, 0
+        if deleted:  # jobs are finishing: more pass their age every second
+            return BUSY_INTERVAL
         return self.interval * random.uniform(0.8, 1.2)
