@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _rng = random.Random()
 DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
+# The view of the ready groups is refreshed after at least this many times the time its read
+# took (and at least FAIR_SHARE_REFRESH): at most a twentieth of a worker's time goes to it.
+DEMAND_SHARE = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +118,8 @@ class Scheduler:
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
+        self._several = False  # whether several groups had ready work, at the last look
+        self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
         self._paused_until = 0.0
         self.idle = False
@@ -149,9 +154,24 @@ class Scheduler:
         """
         if self.has_limits:
             return True
-        if self.idle and time.monotonic() >= self._demand_until:
+        if self.idle and time.monotonic() >= self._groups_until:
             return False
-        return len(self._current_demand(ready)) > 1
+        return self._several_groups(ready)
+
+    def _several_groups(self, ready: JobQuerySet) -> bool:
+        """Whether more than one group has ready work, read at most every FAIR_SHARE_REFRESH.
+
+        Two seeks in the ready-group index (the first group, then the next one after it), not
+        the GROUP BY of `_current_demand()`, which reads every ready row: with hundreds of
+        thousands of ready jobs of one group, that read took most of a worker's time.
+        """
+        now = time.monotonic()
+        if now >= self._groups_until:
+            keys = ready.order_by("group_key").values_list("group_key", flat=True)
+            first = list(keys[:1])
+            self._several = bool(first) and keys.filter(group_key__gt=first[0]).exists()
+            self._groups_until = now + self.refresh
+        return self._several
 
     def paused_queues(self, using: str) -> tuple[str, ...]:
         """The paused queues, read at most every FAIR_SHARE_REFRESH seconds (the claim's
@@ -284,7 +304,10 @@ class Scheduler:
                 .annotate(w=Max("weight"), n=Count("pk"))
                 .values_list("group_key", "w", "n")
             ]
-            self._demand_until = now + self.refresh
+            # The GROUP BY reads every ready row: with a large backlog it is refreshed less
+            # often, so that it takes at most a twentieth of the worker's time.
+            took = time.monotonic() - now
+            self._demand_until = now + max(self.refresh, DEMAND_SHARE * took)
         return self._demand
 
     def _dynamic(self, group: str) -> int | None:

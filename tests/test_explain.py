@@ -361,3 +361,24 @@ def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
     assert per_group, statements
     used, _, plan = explain_sql(per_group[0])
     assert GROUP_INDEX in used, plan
+
+
+def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_table: None) -> None:
+    """Without limits, the claim asks only whether a second group has ready work: two reads
+    of the group index, each stopping at its first row, never a read of every ready row."""
+    from django_jobqueue import conf, leases
+    from django_jobqueue.scheduling import Scheduler
+
+    scheduler = Scheduler(conf.get())
+    assert not scheduler.has_limits
+    statements = statements_of(
+        lambda: scheduler.needs_planning(leases._ready("default", (), ("test.noop",), ()))
+    )
+    reads = job_statements(statements, "SELECT")
+    assert len(reads) == 2, statements
+    for sql in reads:
+        assert "GROUP BY" not in sql.upper()
+        assert re.search(r"LIMIT 1\b", sql), sql
+        used, sorts, plan = explain_sql(sql)
+        assert GROUP_INDEX in used and not sorts, plan
+    assert scheduler.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
