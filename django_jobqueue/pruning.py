@@ -186,7 +186,20 @@ def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int]
     JobDependency.objects.using(using).filter(
         Q(job_id__in=dialect.id_set(ids)) | Q(depends_on_id__in=dialect.id_set(ids))
     )._raw_delete(using)
-    jobs.filter(cancelled_by_id__in=dialect.id_set(ids)).update(cancelled_by=None)
+    # The rows that name one of them as their canceller are few: found by one range of the
+    # cancelled_by index, then cleared by id. An IN list of the ids instead made MariaDB
+    # estimate, past 200 values, from the index's statistics (a column of NULLs, hence
+    # "every row") and scan the whole table: a quarter of a second a batch.
+    gone = set(ids)
+    naming = [
+        pk
+        for pk, by in jobs.filter(
+            cancelled_by_id__gte=min(ids), cancelled_by_id__lte=max(ids)
+        ).values_list("pk", "cancelled_by_id")
+        if by in gone
+    ]
+    if naming:
+        jobs.filter(pk__in=dialect.id_set(naming)).update(cancelled_by=None)
     boxes = [pk for pk in ids if pk in containers]
     rows = [pk for pk in ids if pk not in containers]
     deleted = jobs.filter(pk__in=dialect.id_set(rows))._raw_delete(using) if rows else 0
