@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: our own figures on each database, then the peer harness with our lane beside
 # the peers (one run), then ratios. Needs the database services of ../shared/SERVICES.md; the
-# peer harness needs root, PyPI and Debian's mirror (see its README). About 30 minutes.
+# peer harness needs root, PyPI and Debian's mirror (see its README). About 70 minutes.
 #   BENCH_DBS="pg mysql sqlite"   the databases of our own figures
+#   BENCH_SUSTAINED_MINUTES=4     how long each sustained run lasts (the targets ask for 10)
 #   PEERS_DIR=../shared/bench-peers   SKIP_PEERS=1 skips the harness
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.enqueue --jobs 5000
     BENCH_DB=$db "$PY" -m bench.workflows --jobs 10000
     BENCH_DB=$db "$PY" -m bench.claim_cost
+    BENCH_DB=$db "$PY" -m bench.backlog --sizes 20000 300000
+    BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15
 done
 peer_dirs=()
 if [ -z "${SKIP_PEERS:-}" ] && [ -f "$PEERS_DIR/run.sh" ]; then
