@@ -222,6 +222,7 @@ class JobWorker:
             submit_outcome=completer.submit,
             renewer=heartbeat.renewer,
         )
+        completer.on_recorded = dispatcher.recorded  # back-pressure: claim again once caught up
         if self._stop_requested:
             dispatcher.stop()
         promoter = Promoter(

@@ -36,7 +36,11 @@ MAX_BATCH = 500
 
 
 class Completer(Duty):
-    """Writes the outcomes it is given; `recorded(flight)` is called after each."""
+    """Writes the outcomes it is given.
+
+    `on_empty` is called when a write left no attempt held, `on_recorded` after every write
+    that recorded something (the dispatcher's back-pressure waits for it).
+    """
 
     retry_after = 0.05
     max_backoff = 2.0
@@ -50,12 +54,14 @@ class Completer(Duty):
         flights: Flights,
         lock_timeout: float,
         on_empty: Callable[[], None] | None = None,
+        on_recorded: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(dialect, interval=0.5, lock_timeout=lock_timeout)
         self.conf = conf
         self.owner = owner
         self.flights = flights
         self.on_empty = on_empty
+        self.on_recorded = on_recorded
         self._queue: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._pending: list[Outcome] = []
         self._busy_until = 0.0
@@ -123,6 +129,8 @@ class Completer(Duty):
         except BaseException:
             self._pending = [o for o in pending if not o.flight.recorded]
             raise
+        if self.on_recorded is not None and len(self._pending) < len(pending):
+            self.on_recorded()
 
     def _finish(self, batch: list[Outcome]) -> list[Outcome]:
         """Write the outcomes in `batch` (outcomes.record); return those whose rows were busy."""

@@ -34,6 +34,10 @@ FIRST_IDLE_POLL = 0.05
 # While handler threads cannot connect, claims pause this long, doubling up to the maximum.
 NO_CONNECTION_PAUSE = 0.5
 NO_CONNECTION_PAUSE_MAX = 10.0
+# Back-pressure: the jobs held (claimed and not yet recorded, running or not) stay within this
+# many times the capacity. When the completer falls behind (a slow or locked database), claims
+# pause until it has caught up, so memory and held leases stay bounded.
+BACKLOG_FACTOR = 2
 
 
 class Dispatcher:
@@ -79,6 +83,9 @@ class Dispatcher:
         self._handed_back: list[tuple[InFlight, BaseException]] = []
         self._handed_back_lock = threading.Lock()
         self._paused_until = 0.0
+        # Whether the last step claimed less than it had room for because too many attempts
+        # were waiting to be recorded; the completer's progress wakes the loop then.
+        self.held_back = False
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -93,6 +100,15 @@ class Dispatcher:
     def wants_work(self, load: int) -> bool:
         """Whether to claim at this executor load: a thread is idle, or half the room is free."""
         return load < self.concurrency or load <= self.capacity() // 2
+
+    def unrecorded_room(self) -> int:
+        """How many more jobs may be held before the completer catches up (back-pressure)."""
+        return BACKLOG_FACTOR * self.capacity() - len(self.flights)
+
+    def recorded(self) -> None:
+        """The completer wrote outcomes (its thread): claim again if that was what held us."""
+        if self.held_back:
+            wake.wake_up()
 
     def low_water(self) -> int:
         """The highest executor load at which the dispatcher wants to claim."""
@@ -116,9 +132,15 @@ class Dispatcher:
             self.stopping = True
             return 0
         load = self.executor.load
+        self.held_back = False
         if not self.wants_work(load):
             return 0
         room = self.capacity() - load
+        # Set before the count is read: a write recorded after the read then wakes the loop.
+        self.held_back = True
+        unrecorded_room = self.unrecorded_room()
+        self.held_back = unrecorded_room < room
+        room = min(room, unrecorded_room)
         if max_jobs is not None:
             room = min(room, max_jobs - self.claimed)
         if room <= 0:
@@ -223,8 +245,9 @@ class Dispatcher:
             wake.wait(self._wait_time(claimed))
 
     def _wait_time(self, claimed: int) -> float:
-        if claimed or self.executor.load:
-            wait = self.poll_interval  # woken by the executor when a thread is free
+        if claimed or self.executor.load or self.held_back:
+            # Woken by the executor when a thread is free, or by the completer (held back).
+            wait = self.poll_interval
         else:
             wait = min(self._idle_wait, self.poll_interval)
             self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
