@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import leases, registry, signals, validation, wake
@@ -119,12 +119,64 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
 
     The result is checked here (in the executor thread, not the completer) to be JSON that
     can be stored: a result that is not is deterministic, so the attempt fails for good
-    rather than running the handler again.
+    rather than running the handler again. An async handler runs with `asyncio.run()` here;
+    a worker runs it on its event loop instead (`start_async`).
     """
-    flight.thread_id = threading.get_ident()
+    if not _begin(flight, threading.get_ident()):
+        return None  # released (shutdown) before it started
+    try:
+        try:
+            result = _call(dialect, conf, flight)
+        finally:
+            flight.leave_handler()
+    except BaseException as exc:  # one bad job never kills the worker, SystemExit included
+        return _failed(flight, exc)
+    return _succeeded(flight, result, conf)
+
+
+def is_async(job: ClaimedJob) -> bool:
+    """Whether `job`'s handler is a coroutine function (False for an unknown handler)."""
+    try:
+        return registry.get(job.type).is_async
+    except UnknownHandlerError:
+        return False
+
+
+def start_async(
+    dialect: Dialect, conf: JobQueueSettings, flight: InFlight
+) -> Coroutine[Any, Any, Outcome | None] | None:
+    """Begin `flight`'s async attempt in this thread; return what the event loop awaits.
+
+    The attempt's start (and `job_started`) happens here, in an executor thread, where
+    receivers may use the ORM; the handler's coroutine then runs on the worker's event loop
+    and its timeout goes through asyncio. None: settled (released) before it started.
+    """
+    if not _begin(flight, None):  # no thread to raise JobTimeout into: it is a task
+        return None
+    return _attempt(dialect, conf, flight)
+
+
+async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
+    timeout = flight.job.timeout
+    try:
+        try:
+            coro = _call_async(dialect, conf, flight)
+            result = await (asyncio.wait_for(coro, timeout) if timeout else coro)
+        except TimeoutError:
+            raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
+        finally:
+            flight.leave_handler()
+    except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
+        return _failed(flight, exc)
+    return _succeeded(flight, result, conf)
+
+
+def _begin(flight: InFlight, thread_id: int | None) -> bool:
+    """Mark the attempt started (False: it was settled first); log and signal its start."""
+    flight.thread_id = thread_id
     job, lease = flight.job, flight.lease
     if not flight.enter_handler(_effective_timeout(job) if job.timeout else None):
-        return None  # released (shutdown) before it started
+        return False
     if flight.deadline is not None:
         wake.wake_up()  # the dispatcher times it out: it must know the deadline now
     if logger.isEnabledFor(logging.DEBUG):  # per-job lines only at -v 2: they cost throughput
@@ -134,25 +186,28 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
         )  # fmt: skip
     if signals.job_started.receivers:  # nothing to build when no one listens
         signals.send(signals.job_started, **about(flight))
-    try:
-        try:
-            result = _call(dialect, conf, flight)
-        finally:
-            flight.leave_handler()
-        text = None
-        if result is not None:
-            # The checks enqueue() makes of args: a result no database would take (or none
-            # could take back equal) is the same on every run, so it is never retried.
-            problem = validation.json_problem(result, "the result", conf.max_result_bytes)
-            if problem:
-                raise ResultNotStored(f"job {job.pk} cannot store its result: {problem}")
-            text = json.dumps(result)
-    except BaseException as exc:  # one bad job never kills the worker, SystemExit included
-        # A JobTimeout was raised into this thread by the dispatcher, which settled the attempt
-        # already; or by an async handler timing itself out, in which case this records it.
-        if not flight.settle():
-            return None
-        return Outcome(flight, error=exc, duration=flight.duration())
+    return True
+
+
+def _failed(flight: InFlight, exc: BaseException) -> Outcome | None:
+    # A JobTimeout was raised into this thread by the dispatcher, which settled the attempt
+    # already; or by an async handler timing itself out, in which case this records it.
+    if not flight.settle():
+        return None
+    return Outcome(flight, error=exc, duration=flight.duration())
+
+
+def _succeeded(flight: InFlight, result: Any, conf: JobQueueSettings) -> Outcome | None:
+    text = None
+    if result is not None:
+        # The checks enqueue() makes of args: a result no database would take (or none
+        # could take back equal) is the same on every run, so it is never retried.
+        problem = validation.json_problem(result, "the result", conf.max_result_bytes)
+        if problem:
+            return _failed(
+                flight, ResultNotStored(f"job {flight.job.pk} cannot store its result: {problem}")
+            )
+        text = json.dumps(result)
     if not flight.settle():
         return None  # timed out meanwhile: the late result is fenced off
     return Outcome(flight, result=result, duration=flight.duration(), text=text)
@@ -209,9 +264,10 @@ def log_extra(
     }
 
 
-# An async handler times itself out (asyncio.wait_for, in its own thread) and records the
-# failure cleanly; the dispatcher steps in only this much later, for a coroutine that blocks its
-# event loop. Raising JobTimeout into asyncio.run() can leave its event loop half-closed.
+# An async handler times itself out (asyncio.wait_for, on the worker's event loop) and records
+# the failure cleanly; the dispatcher steps in only this much later, for a coroutine that blocks
+# the loop: it fails the attempt and cancels the task. (Raising JobTimeout into a thread that
+# runs an event loop could leave the loop half-closed.)
 ASYNC_TIMEOUT_GRACE = 1.0
 
 
@@ -219,34 +275,40 @@ def _effective_timeout(job: ClaimedJob) -> float | None:
     """Seconds after the handler's start at which the dispatcher times the attempt out."""
     if not job.timeout:
         return None
-    try:
-        is_async = registry.get(job.type).is_async
-    except UnknownHandlerError:
-        is_async = False
-    return job.timeout + (ASYNC_TIMEOUT_GRACE if is_async else 0.0)
+    return job.timeout + (ASYNC_TIMEOUT_GRACE if is_async(job) else 0.0)
 
 
 def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
-    job = flight.job
-    handler = registry.get(job.type)
-    args: tuple[Any, ...] = ()
-    if handler.takes_context:
-        ttl = flight.lease_ttl or conf.lease_ttl
-        args = (
-            JobContext(
-                job.model(),
-                flight.lease.attempt,
-                flight.lease.owner,
-                ttl,
-                dialect,
-                _renew=flight.renewer(flight.lease) if flight.renewer else None,
-            ),
-        )
+    handler = registry.get(flight.job.type)
     if not handler.is_async:
-        return handler.func(*args, **job.args)
-    timeout = job.timeout
-    coro = handler.func(*args, **job.args)
+        return handler.func(*_context(dialect, conf, flight, handler), **flight.job.args)
+    timeout = flight.job.timeout
+    coro = _call_async(dialect, conf, flight)
     try:
         return asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
     except TimeoutError:
         raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
+
+
+def _call_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
+    """The handler's coroutine, made (not started) with the job's arguments."""
+    handler = registry.get(flight.job.type)
+    return handler.func(*_context(dialect, conf, flight, handler), **flight.job.args)
+
+
+def _context(
+    dialect: Dialect, conf: JobQueueSettings, flight: InFlight, handler: registry.Handler
+) -> tuple[Any, ...]:
+    """The handler's positional arguments: its JobContext, if it takes one."""
+    if not handler.takes_context:
+        return ()
+    return (
+        JobContext(
+            flight.job.model(),
+            flight.lease.attempt,
+            flight.lease.owner,
+            flight.lease_ttl or conf.lease_ttl,
+            dialect,
+            _renew=flight.renewer(flight.lease) if flight.renewer else None,
+        ),
+    )

@@ -37,7 +37,7 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
     claims only jobs whose handler it has. The worker calls ``func(**job.args)``, or
     ``func(ctx, **job.args)`` with `takes_context`, and stores what it returns as the job's
     result, which must be JSON (else the job dies with `ResultNotStored`). An ``async def``
-    function runs with ``asyncio.run()`` in the handler's thread.
+    function runs as a task on the worker's event loop (one per worker process).
 
     Args:
         key: 1 to 200 characters: a letter, digit or ``_``, then letters, digits, ``_``,

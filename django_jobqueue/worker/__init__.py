@@ -205,6 +205,8 @@ class JobWorker:
             on_idle=self._on_idle,
             alias=dialect.using,
             on_no_connection=self._hand_back,
+            start_async=lambda flight: execution.start_async(dialect, conf, flight),
+            is_async=lambda flight: execution.is_async(flight.job),
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,

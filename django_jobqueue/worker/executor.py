@@ -1,5 +1,10 @@
 """The executor: threads that run handlers; a timed-out thread is abandoned and replaced.
 
+An async handler's attempt is started by a thread and then runs as a task on the worker's
+event loop (`eventloop`): the thread goes straight back for the next job, and the task's end
+gives its slot back. Each slot (`load`) is given back exactly once, by whoever ends it: the
+thread or task that ran it, or `abandon()`.
+
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
 by the handler's first query. A thread left without work for IDLE_CLOSE seconds closes its
@@ -8,16 +13,19 @@ connections, so that an idle worker holds only its duties' connections.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue as queue_module
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..execution import InFlight, Outcome
+from .eventloop import EventLoop
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +52,15 @@ class Executor:
         on_idle: Callable[[int], None],
         alias: str | None = None,
         on_no_connection: Callable[[InFlight, BaseException], None] | None = None,
+        start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
+        is_async: Callable[[InFlight], bool] | None = None,
     ) -> None:
         self._run = run
+        # Async attempts: begun by `start_async` in a thread, awaited on the event loop.
+        self._start_async = start_async
+        self._is_async = is_async
+        self.event_loop = EventLoop()
+        self._on_loop: dict[InFlight, concurrent.futures.Future[Any] | None] = {}
         self._on_outcome = on_outcome
         self._on_idle = on_idle  # called with the new load after each attempt
         # The queue database, connected to before each handler; a flight whose connection
@@ -77,6 +92,9 @@ class Executor:
                 flight = self._next()
                 if flight is None:
                     return
+                if self._is_async is not None and self._is_async(flight):
+                    self._start_on_loop(flight)
+                    continue
                 if conn is not None and conn.connection is None and not self._connect(conn, flight):
                     self._finished()
                     continue
@@ -97,6 +115,42 @@ class Executor:
                 self._finished()
         finally:
             connections.close_all()
+
+    def _start_on_loop(self, flight: InFlight) -> None:
+        """Begin an async attempt here, and run it as a task on the event loop."""
+        assert self._start_async is not None
+        coro = None
+        try:
+            coro = self._start_async(flight)
+        except BaseException:  # as for a sync job: the thread carries on
+            logger.exception("Unexpected error starting job id=%s", flight.job.pk)
+        if coro is None:
+            self._finished()
+            return
+        with self._lock:
+            self._on_loop[flight] = None
+        future = self.event_loop.submit(coro, lambda f: self._ended_on_loop(flight, f))
+        with self._lock:
+            if flight in self._on_loop:
+                self._on_loop[flight] = future
+                return
+        future.cancel()  # abandoned while it was being submitted
+
+    def _ended_on_loop(self, flight: InFlight, future: concurrent.futures.Future[Any]) -> None:
+        """An async attempt's task ended (on the loop's thread): hand on its outcome."""
+        outcome = None
+        if not future.cancelled():
+            try:
+                outcome = future.result()
+            except BaseException:
+                logger.exception("Unexpected error running job id=%s", flight.job.pk)
+        if outcome is not None:
+            self._observe(outcome.duration)
+            self._on_outcome(outcome)
+        with self._lock:
+            mine = self._on_loop.pop(flight, False) is not False
+        if mine:  # else abandon() gave its slot back already
+            self._finished()
 
     def _next(self) -> InFlight | None:
         """The next attempt to run; this thread's connections are closed while none comes."""
@@ -166,6 +220,14 @@ class Executor:
         handler has returned meanwhile goes back to the pool as usual. Raising JobTimeout into
         a thread that had moved on would lose the next job it took from the queue.
         """
+        with self._lock:
+            on_loop = flight in self._on_loop
+            future = self._on_loop.pop(flight, None)
+        if on_loop:  # a task: cancel it (through asyncio) and give its slot back now
+            if future is not None:
+                future.cancel()
+            self._finished()
+            return
         thread = next((t for t in self._threads if t.ident == flight.thread_id), None)
         if thread is None or not flight.interrupt():
             return
@@ -182,6 +244,7 @@ class Executor:
     def shutdown(self) -> None:
         for _ in self._threads:
             self._queue.put(None)
+        self.event_loop.stop()
 
 
 def _tidy_connections(aliases: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -86,6 +87,31 @@ async def async_add(a: int, b: int) -> int:
 @jobqueue.handler("test.async_sleep")
 async def async_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+# The event loops async jobs of this process ran on (kept alive, so each counts once).
+_loops_seen: set[asyncio.AbstractEventLoop] = set()
+
+
+@jobqueue.handler("test.async_where")
+async def async_where(seconds: float = 0.0) -> dict[str, Any]:
+    """Say where this async job ran: its thread, how many loops, and when (wall clock)."""
+    started = time.time()
+    loop = asyncio.get_running_loop()
+    _loops_seen.add(loop)
+    await asyncio.sleep(seconds)
+    return {
+        "thread": threading.current_thread().name,
+        "loops": len(_loops_seen),
+        "started": started,
+        "finished": time.time(),
+    }
+
+
+@jobqueue.handler("test.async_block")
+async def async_block(seconds: float) -> None:
+    """Block the event loop (a sync call in a coroutine), for the worker to time out."""
+    time.sleep(seconds)
 
 
 @jobqueue.handler("test.crash_once", takes_context=True)
@@ -170,13 +196,27 @@ if os.environ.get("JOBQUEUE_TEST_NEW_RELEASE"):
         return "new"
 
 
+class _SlowToCheck(dict[str, Any]):
+    """A result whose check by the worker says it has begun, then takes a second."""
+
+    marker = ""
+
+    def items(self) -> Any:  # the worker's result check reads the items: it runs after return
+        if not Path(self.marker).exists():
+            Path(self.marker).write_text("checking")
+            time.sleep(1.0)
+        return super().items()
+
+
 @jobqueue.handler("test.slow_to_check")
-def slow_to_check(marker: str) -> list[int]:
-    """Return a result that takes the worker a while to check, after saying it returns."""
-    # Built before the marker: between the marker and the return there is nothing left to run,
-    # so a loaded machine cannot hold the handler there while the test sends its SIGTERM.
-    result = [0] * 340_000
-    Path(marker).write_text("returning")
+def slow_to_check(marker: str) -> dict[str, Any]:
+    """Return a result that takes the worker a second to check; the marker says it began.
+
+    The marker is written by the check itself, after the handler has returned, so that however
+    loaded the machine, a test that waits for it stops the worker while the check runs.
+    """
+    result = _SlowToCheck(checked=True)
+    result.marker = marker
     return result
 
 

@@ -1,0 +1,102 @@
+"""Async I/O jobs at many slots: N jobs that each `await asyncio.sleep(S)`, one worker process.
+
+`BENCH_DB=pg python -m bench.async_io [--jobs 3072] [--seconds 1] [--concurrency 512]`
+
+Reports the steady rate (from the first job done to the last) as a fraction of the ideal
+(concurrency / seconds), and the worker's CPU per job over the same span (user + system time
+of the worker process, from /proc). With `--pgqueuer PYTHON` (default: the peer harness's venv,
+/tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer runs the same workload in the same
+run (bench/peer_pgqueuer_sleep.py, under that interpreter), for ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import harness
+
+TICK = os.sysconf("SC_CLK_TCK")
+PEERS_PYTHON = Path("/tmp/peers-venv/bin/python")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def ours(jobs: int, seconds: float, concurrency: int) -> dict[str, float | int | str | None]:
+    from django.db import transaction
+
+    import django_jobqueue as jobqueue
+
+    harness.reset()
+    with transaction.atomic():
+        jobqueue.enqueue_many([("bench.async_sleep", {"seconds": seconds})] * jobs)
+    harness.analyze()
+    procs = harness.start_workers(1, ["--concurrency", str(concurrency), "--no-watchdog"])
+    try:
+        first = last = None
+        while (done := harness.done_count()) < jobs:
+            now = time.perf_counter()
+            if done and first is None:
+                first = (now, done, cpu_seconds(procs[0].pid))
+            if procs[0].poll() is not None:
+                raise RuntimeError("the worker exited early (see .bench-state/workers.log)")
+            time.sleep(0.02)
+        last = (time.perf_counter(), jobs, cpu_seconds(procs[0].pid))
+    finally:
+        harness.stop_workers(procs)
+    assert first is not None
+    return summary("django_jobqueue", first, last, seconds, concurrency)
+
+
+def summary(name, first, last, seconds, concurrency):
+    span, count, cpu = last[0] - first[0], last[1] - first[1], last[2] - first[2]
+    rate = count / span
+    return {
+        "queue": name,
+        "concurrency": concurrency,
+        "job_seconds": seconds,
+        "steady_jobs_per_s": round(rate, 1),
+        "of_ideal": round(rate / (concurrency / seconds), 3),
+        "cpu_ms_per_job": round(1000 * cpu / count, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=3072)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=512)
+    parser.add_argument(
+        "--pgqueuer", default=str(PEERS_PYTHON) if PEERS_PYTHON.exists() else "",
+        help="a Python with pgqueuer 1.6 installed ('' skips PGQueuer)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    harness.setup()
+    figures = ours(args.jobs, args.seconds, args.concurrency)
+    harness.report("async_io", figures)
+    if harness.DB == "pg" and args.pgqueuer:
+        out = subprocess.run(
+            [args.pgqueuer, str(Path(__file__).with_name("peer_pgqueuer_sleep.py")),
+             str(args.jobs), str(args.seconds), str(args.concurrency)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        peer = json.loads(out.stdout.strip().splitlines()[-1])
+        harness.report("async_io", peer)
+        ratio = {
+            "rate_vs_pgqueuer": figures["steady_jobs_per_s"] / peer["steady_jobs_per_s"],
+            "cpu_per_job_vs_pgqueuer": figures["cpu_ms_per_job"] / peer["cpu_ms_per_job"],
+        }
+        harness.report("async_io_ratio", {k: round(v, 2) for k, v in ratio.items()})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

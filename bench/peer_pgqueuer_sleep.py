@@ -1,0 +1,119 @@
+"""PGQueuer running bench/async_io.py's workload: N jobs that each `await asyncio.sleep(S)`.
+
+Run by bench/async_io.py under a Python that has pgqueuer 1.6 (the peer harness's venv):
+`peer_pgqueuer_sleep.py JOBS SECONDS CONCURRENCY` prints one JSON line. The worker is
+`pgq run` with `--max-concurrent-tasks CONCURRENCY` and `--batch-size` (PGQUEUER_BATCH_SIZE,
+default 100, or half the concurrency if less), on a database of its own
+(jobqueue_bench_pgqueuer, created here).
+Standalone: it imports nothing of the project, since it runs in the peers' venv.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+DB = "jobqueue_bench_pgqueuer"
+DSN = f"postgresql://postgres@127.0.0.1:5432/{DB}"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+@asynccontextmanager
+async def create_pgqueuer() -> AsyncIterator[object]:
+    """The factory `pgq run` calls in the worker process."""
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.db import AsyncpgDriver
+
+    connection = await asyncpg.connect(DSN)
+    pgq = PgQueuer(AsyncpgDriver(connection))
+
+    @pgq.entrypoint("sleep")
+    async def sleep(job: object) -> None:
+        await asyncio.sleep(float(job.payload))  # type: ignore[attr-defined]
+
+    try:
+        yield pgq
+    finally:
+        await connection.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def main(jobs: int, seconds: float, concurrency: int) -> None:
+    import asyncpg
+    import psycopg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB], capture_output=True)
+    mon = psycopg.connect(DSN, autocommit=True)
+    if not mon.execute("SELECT to_regclass('pgqueuer') IS NOT NULL").fetchone()[0]:
+        subprocess.run([sys.executable, "-m", "pgqueuer", "--pg-dsn", DSN, "install"],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    mon.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics RESTART IDENTITY")
+
+    async def enqueue() -> None:
+        conn = await asyncpg.connect(DSN)
+        payload = str(seconds).encode()
+        await Queries(AsyncpgDriver(conn)).enqueue(["sleep"] * jobs, [payload] * jobs, [0] * jobs)
+        await conn.close()
+
+    asyncio.run(enqueue())
+    mon.execute("VACUUM ANALYZE pgqueuer")
+    # PGQueuer wants at least twice the batch in concurrent tasks.
+    batch = os.environ.get("PGQUEUER_BATCH_SIZE", str(min(100, concurrency // 2)))
+    here = Path(__file__).resolve().parent
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pgqueuer", "run", f"{Path(__file__).stem}:create_pgqueuer",
+         "--max-concurrent-tasks", str(concurrency), "--batch-size", batch],
+        cwd=here, env={**os.environ, "PYTHONPATH": str(here)}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def done() -> int:
+        return mon.execute(
+            "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+        ).fetchone()[0]
+
+    try:
+        first = None
+        started = time.perf_counter()
+        while (count := done()) < jobs:
+            now = time.perf_counter()
+            if count and first is None:
+                first = (now, count, cpu_seconds(worker.pid))
+            if worker.poll() is not None or now - started > 600:
+                raise RuntimeError(f"PGQueuer stopped or stalled at {count}/{jobs}")
+            time.sleep(0.02)
+        last = (time.perf_counter(), jobs, cpu_seconds(worker.pid))
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(30)
+    assert first is not None
+    span, count, cpu = last[0] - first[0], last[1] - first[1], last[2] - first[2]
+    rate = count / span
+    print(json.dumps({
+        "queue": f"pgqueuer (batch {batch})",
+        "concurrency": concurrency,
+        "job_seconds": seconds,
+        "steady_jobs_per_s": round(rate, 1),
+        "of_ideal": round(rate / (concurrency / seconds), 3),
+        "cpu_ms_per_job": round(1000 * cpu / count, 3),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,61 @@
+"""Async handlers run as tasks on the worker's one long-lived event loop.
+
+No event loop is built per job and no handler thread waits on a coroutine: every async job of
+a worker runs on the same loop, in its `jobqueue-loop` thread, so a client a handler keeps
+serves later jobs; many run at once; a coroutine that blocks the loop is still timed out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import django_jobqueue as jobqueue
+from django_jobqueue.models import Job
+from tests.conftest import assert_clean_log, wait_for_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TERMINAL = (Job.State.DONE, Job.State.DEAD)
+
+
+def test_async_jobs_share_one_event_loop_in_its_own_thread(start_worker):
+    jobs = [jobqueue.enqueue("test.async_where") for _ in range(12)]
+    worker = start_worker("--concurrency", "3")
+    results = [wait_for_job(job.pk, *TERMINAL).result for job in jobs]
+    assert {r["thread"] for r in results} == {"jobqueue-loop"}
+    assert {r["loops"] for r in results} == {1}, "a job ran on an event loop of its own"
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+def test_async_jobs_run_at_once_up_to_the_concurrency(start_worker):
+    """20 jobs that each wait 5 s, at --concurrency 20: all are waiting at the same time."""
+    jobs = [jobqueue.enqueue("test.async_where", {"seconds": 5}) for _ in range(20)]
+    worker = start_worker("--concurrency", "20")
+    results = [wait_for_job(job.pk, *TERMINAL, timeout=120).result for job in jobs]
+    assert max(r["started"] for r in results) < min(r["finished"] for r in results)
+    assert worker.stop() == 0
+
+
+def test_a_coroutine_that_blocks_the_loop_is_timed_out_and_the_loop_goes_on(start_worker):
+    """A sync sleep inside a coroutine stops asyncio's own timeout; the worker fails the
+    attempt after its grace, and once the coroutine returns the loop runs the next jobs."""
+    blocked = jobqueue.enqueue("test.async_block", {"seconds": 4}, timeout=0.5, max_attempts=1)
+    worker = start_worker("--concurrency", "2")
+    final = wait_for_job(blocked.pk, *TERMINAL)
+    assert final.state == Job.State.DEAD
+    assert "timeout of 0.5s" in final.last_error["message"]
+    after = jobqueue.enqueue("test.async_add", {"a": 40, "b": 2})
+    assert wait_for_job(after.pk, *TERMINAL).result == 42
+    assert worker.running()
+    assert worker.stop() == 0
+
+
+def test_shutdown_releases_async_jobs_still_running_and_cancels_their_tasks(start_worker):
+    job = jobqueue.enqueue("test.async_sleep", {"seconds": 600})
+    worker = start_worker("--shutdown-timeout", "1")
+    wait_for_job(job.pk, Job.State.RUNNING)
+    assert worker.stop(timeout=60) == 0
+    released = Job.objects.get(pk=job.pk)
+    assert released.state == Job.State.READY
+    assert "released 1 unfinished job(s)" in worker.output()
