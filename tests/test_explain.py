@@ -382,3 +382,154 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
         used, sorts, plan = explain_sql(sql)
         assert GROUP_INDEX in used and not sorts, plan
     assert scheduler.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
+
+
+# -- plans that hold whatever the statistics say ------------------------------------------------
+
+
+# A queue with a backlog: big enough that reading the whole table (or every ready row) costs
+# the planner far more than the index does, whatever the statistics say of selectivity.
+BACKLOG_DONE = 40_960
+BACKLOG_SCHEDULED = 2_048
+BACKLOG_READY = 20_480
+DOUBLINGS = 5
+
+
+def fill_backlog() -> None:
+    """History, scheduled jobs, and a backlog of ready jobs in several groups.
+
+    A thousand of each kind are made by the ORM, then doubled by INSERT ... SELECT of the
+    table into itself (the same SQL on every database, and seconds instead of minutes).
+    """
+    now = timezone.now()
+    Job.objects.bulk_create(
+        [
+            Job(type="test.noop", state=Job.State.DONE, attempts=1, result=i,
+                finished_at=now - dt.timedelta(seconds=i))
+            for i in range(BACKLOG_DONE // 2**DOUBLINGS)
+        ]
+        + [
+            Job(type="test.noop", state=Job.State.SCHEDULED,
+                run_after=now + dt.timedelta(minutes=10, seconds=i))
+            for i in range(BACKLOG_SCHEDULED // 2**DOUBLINGS)
+        ]
+        + [
+            Job(type="test.noop", state=Job.State.READY, group_key=f"g{i % 4}", priority=i % 3)
+            for i in range(BACKLOG_READY // 2**DOUBLINGS)
+        ],
+        batch_size=1000,
+    )  # fmt: skip
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(f.column) for f in Job._meta.concrete_fields if not f.primary_key)
+    with connection.cursor() as cursor:
+        for _ in range(DOUBLINGS):
+            cursor.execute(f"INSERT INTO {qn(TABLE)} ({columns}) SELECT {columns} FROM {qn(TABLE)}")
+
+
+@pytest.fixture(params=["analyzed-full", "analyzed-empty"])
+def statistics(request: pytest.FixtureRequest) -> str:
+    """A queue with a backlog, its statistics either fresh or taken while the table was empty
+    (a fresh deployment, or a server whose autovacuum is off or lags)."""
+    if request.param == "analyzed-empty":
+        analyze()
+        fill_backlog()
+    else:
+        fill_backlog()
+        analyze()
+    return str(request.param)
+
+
+def full_scans(sql: str) -> tuple[bool, str]:
+    """Whether the plan of `sql` reads the whole job table (or all of an index), and the plan
+    in short: one line per node."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+            plan = cursor.fetchone()[0]
+            nodes = list(_pg_nodes(json.loads(plan) if isinstance(plan, str) else plan))
+            text = "\n".join(
+                f"{n['Node Type']} {n.get('Relation Name', '')} {n.get('Index Name', '')} "
+                f"{n.get('Index Cond', '')} {n.get('Recheck Cond', '')}"
+                for n in nodes
+            )
+            return (
+                any(
+                    n.get("Relation Name") == TABLE
+                    and n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")
+                    for n in nodes
+                ),
+                text,
+            )
+        if connection.vendor == "mysql":
+            cursor.execute(f"EXPLAIN {sql}")
+            columns = [c[0].lower() for c in cursor.description]
+            rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            text = "\n".join(f"{r['table']} {r['type']} {r['key']} {r['extra']}" for r in rows)
+            return any(r["table"] in (TABLE, "j") and r["type"] in ("ALL", "index")
+                       for r in rows), text  # fmt: skip
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+        text = "\n".join(str(row[-1]) for row in cursor.fetchall())
+        return bool(re.search(rf"SCAN ({TABLE}|j)\b(?! USING)", text)), text
+
+
+def claimed_leases(dialect: Any, limit: int = 20) -> list[Any]:
+    from django_jobqueue import leases
+
+    jobs = leases.claim(dialect, owner="explain", queues=[], limit=limit, lease_ttl=30)
+    assert len(jobs) == limit
+    return [leases.Lease(job.id, "explain", job.attempts) for job in jobs]
+
+
+def test_the_claim_plan_holds_whatever_the_statistics(statistics: str) -> None:
+    from django_jobqueue import leases
+
+    dialect = get_dialect("default")
+    statements = statements_of(
+        lambda: leases.claim(dialect, owner="explain", queues=[], limit=10, lease_ttl=30)
+    )
+    [claim, *_] = job_statements(statements)
+    used, sorts, plan = explain_sql(claim)
+    assert READY_INDEX in used, plan
+    assert not sorts, plan
+
+
+def test_the_finish_plan_holds_whatever_the_statistics(statistics: str) -> None:
+    """The batched finish finds its rows by primary key: never a read of every row that has
+    no parent or no dependents (the whole table, in a queue without workflows)."""
+    from django_jobqueue import leases
+
+    dialect = get_dialect("default")
+    held = claimed_leases(dialect)
+    items = [(lease.job_id, lease.attempt, None) for lease in held]
+    statements = statements_of(lambda: leases.finish_many(dialect, "explain", items))
+    writes = job_statements(statements)
+    assert writes, statements
+    for sql in writes:
+        scans, plan = full_scans(sql)
+        assert not scans, f"{sql[:400]}\n{plan}"
+    assert Job.objects.filter(pk__in=[lease.job_id for lease in held], state="done").count() == 20
+
+
+def test_the_renewal_plan_holds_whatever_the_statistics(statistics: str) -> None:
+    from django_jobqueue import leases
+
+    dialect = get_dialect("default")
+    held = claimed_leases(dialect)
+    statements = statements_of(lambda: leases.renew_leases(dialect, held, 30))
+    reads = job_statements(statements)
+    assert reads, statements
+    for sql in reads:
+        scans, plan = full_scans(sql)
+        assert not scans, f"{sql[:400]}\n{plan}"
+
+
+def test_full_scans_sees_a_read_of_the_whole_table() -> None:
+    """The check above can fail: a filter on a column no index leads reads every row."""
+    fill_backlog()
+    analyze()
+    scans, plan = full_scans(
+        f"SELECT id FROM {connection.ops.quote_name(TABLE)} WHERE attempts = 7"
+    )
+    assert scans, plan
+    scans, plan = full_scans(f"SELECT id FROM {connection.ops.quote_name(TABLE)} WHERE id = 7")
+    assert not scans, plan
