@@ -155,7 +155,9 @@ def claim(
                 ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         rows = scheduler.select(dialect, ready, limit, dynamic)
-        return dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+        claimed = dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+        scheduler.record_starts(dialect)  # counted after the jobs' started_at was stamped
+        return claimed
 
     return dialect.run_in_transaction(txn)
 

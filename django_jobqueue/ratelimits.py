@@ -2,7 +2,8 @@
 
 Each claim that starts jobs of a rate-limited group records one row (the database clock's
 time, how many) in RateLimitStart, and a claim may start only as many more as the rows of
-the last window leave room for. Both happen inside the claim transaction, under the group's
+the last window leave room for. The time is read after the claim stamped its jobs'
+`started_at` (Scheduler.record_starts), so it is never earlier than their stamps. Both happen inside the claim transaction, under the group's
 lock row (see Scheduler), so claims in every process and host count each other's starts.
 
 The window is held `MARGIN` longer than the period: a job starts in its handler a few
@@ -70,10 +71,16 @@ class RateLimits:
         taken: Mapping[str, int],
         room: Mapping[str, int],
         wanting: Mapping[str, int],
+        *,
+        at: dt.datetime | None = None,
     ) -> None:
         """Record the starts `taken` per group, forget starts out of every window, and note
-        when a group that used up its room (with `wanting` jobs ready) has room again."""
-        now = self._now
+        when a group that used up its room (with `wanting` jobs ready) has room again.
+
+        The starts are counted at `at` (a database clock read no earlier than the one `room()`
+        made), else at the time `room()` read.
+        """
+        now = self._now if at is None or self._now is None else max(at, self._now)
         self.retry_at = None
         if now is None or not room:
             return

@@ -122,6 +122,8 @@ class Scheduler:
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
         self._paused_until = 0.0
+        # The rate-limited starts of the last select(), counted by record_starts().
+        self._starts: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -247,9 +249,21 @@ class Scheduler:
             taken: dict[str, int] = {}
             for _, _, group in rows:
                 taken[group] = taken.get(group, 0) + 1
-            wanting = {d.group: d.ready for d in demand}
-            self.rate_limits.record(dialect, taken, rated, wanting)
+            self._starts = (taken, rated, {d.group: d.ready for d in demand})
         return [pk for pk, _, _ in rows]
+
+    def record_starts(self, dialect: Dialect) -> None:
+        """Count the rate-limited starts of the last `select()`, once its jobs are marked.
+
+        Called in the claim transaction after the jobs' rows were stamped `started_at`: the
+        starts are counted at a clock read after that stamp, so two batches that the limiter
+        held a window apart are at least that far apart in the jobs' own `started_at` too,
+        however long this thread was held up between the two statements.
+        """
+        if self._starts is not None:
+            taken, rated, wanting = self._starts
+            self._starts = None
+            self.rate_limits.record(dialect, taken, rated, wanting, at=dialect.now())
 
     def _take_planned(
         self,

@@ -119,3 +119,46 @@ def test_rate_limit_holds_across_three_workers_and_is_approached(start_worker):
     assert busiest <= 10
     assert first_four > 10
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_are_counted_after_their_jobs_are_stamped(settings, monkeypatch):
+    """A claim thread held up between the limiter's count and the jobs' stamp (a loaded
+    machine) must not bunch two windows' starts into one second of the jobs' `started_at`.
+
+    Fix: the limiter counted the starts at the clock read of its own check, before the claim
+    stamped the jobs; a batch stamped 0.5 s late then sat 0.6 s from the next one, and 10 jobs
+    of a "5/s" group had started within one second.
+    """
+    import time
+
+    from django_jobqueue import conf, leases
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.scheduling import Scheduler
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "RATE_LIMITS": {"api": "5/s"}}
+    enqueue("api", 15)
+    dialect = get_dialect("default")
+    mark_claimed = dialect.mark_claimed
+    delays = iter([0.5, 0.0] * 10)
+
+    def held_up(*args, **kwargs):
+        time.sleep(next(delays))  # every other claim is descheduled before it stamps its jobs
+        return mark_claimed(*args, **kwargs)
+
+    monkeypatch.setattr(dialect, "mark_claimed", held_up)
+    scheduler = Scheduler(conf.get())
+    claimed = 0
+    deadline = time.monotonic() + 60
+    while claimed < 15 and time.monotonic() < deadline:
+        jobs = leases.claim(
+            dialect, owner="t", queues=[], limit=10, lease_ttl=60, scheduler=scheduler
+        )
+        claimed += len(jobs)
+        time.sleep(0.02)
+    assert claimed == 15
+    starts = [
+        at.timestamp()
+        for at in Job.objects.filter(group_key="api").values_list("started_at", flat=True)
+    ]
+    assert most_in_any_window(starts, 1.0) <= 5
