@@ -157,8 +157,10 @@ def _kill(
 
     from django_jobqueue import conf as conf_module
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.worker import naming
     from django_jobqueue.worker.reclaimer import reclaim_dead_worker
 
+    naming.install(worker_id, role="watchdog")  # `jobqueue watchdog <id>` in pg_stat_activity
     conf = conf_module.get()
     dialect = get_dialect(conf.database)
     try:

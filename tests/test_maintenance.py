@@ -18,7 +18,7 @@ from django.db import connection, connections
 from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job
-from tests.conftest import poll
+from tests.conftest import in_new_thread, poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TABLE = Job._meta.db_table
@@ -172,3 +172,22 @@ def test_every_connection_of_a_worker_names_its_worker_and_duty(start_worker):
     found = poll(lambda: (n := names()) >= expected and n)
     assert all(name.startswith("jobqueue ") for name in found)
     assert worker.stop() == 0
+
+
+@needs_postgres
+def test_a_process_of_one_role_names_every_connection_for_it():
+    """The watchdog's process names its connection `jobqueue watchdog <worker id>`."""
+    from django_jobqueue.worker import naming
+
+    uninstall = naming.install("w-1", role="watchdog")
+    try:
+
+        def own_name() -> str:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT current_setting('application_name')")
+                return str(cursor.fetchone()[0])
+
+        assert in_new_thread(own_name) == "jobqueue watchdog w-1"
+    finally:
+        uninstall()
+    assert in_new_thread(own_name) != "jobqueue watchdog w-1"

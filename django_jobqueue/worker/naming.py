@@ -34,16 +34,21 @@ def label(thread_name: str, worker_id: str) -> str:
     return f"jobqueue {role} {worker_id}"
 
 
-def install(worker_id: str) -> Callable[[], None]:
-    """Name every connection this process opens from now on; return the undo."""
+def install(worker_id: str, *, role: str | None = None) -> Callable[[], None]:
+    """Name every connection this process opens from now on; return the undo.
+
+    With `role`, every connection is named for it (the watchdog's process: `jobqueue
+    watchdog <worker id>`); else for the thread that opens it.
+    """
 
     def name(sender: Any, connection: Any, **kwargs: Any) -> None:
         try:
             dialect = get_dialect(connection.alias)
         except UnsupportedDatabaseError:  # a handler's connection to a database of its own
             return
+        text = f"jobqueue {role} {worker_id}" if role else None
         try:
-            dialect.name_session(label(threading.current_thread().name, worker_id))
+            dialect.name_session(text or label(threading.current_thread().name, worker_id))
         except DatabaseError:  # a name is never worth a failed connection
             logger.debug("Could not name a connection of %s", connection.alias, exc_info=True)
 
