@@ -1,0 +1,87 @@
+"""Jobs that are not instant, by worker processes: N jobs that each sleep S seconds (20 ms).
+
+`BENCH_DB=pg python -m bench.scale [--jobs 4000] [--seconds 0.02] [--procs 1 2 4 8]
+[--concurrency 8]`
+
+For each number of processes, reports the steady rate (first job done to last) as a fraction
+of the ideal (processes x concurrency / seconds), the workers' CPU per job and, on
+PostgreSQL, the server's CPU per job (every `postgres` process on this machine, from /proc:
+run it on a machine with nothing else on the server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from . import harness
+from .async_io import cpu_seconds
+
+
+def server_cpu() -> float:
+    """CPU seconds used so far by every process named `postgres` (or `mariadbd`)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name in ("postgres", "mariadbd"):
+            fields = text.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, object]:
+    from django.db import transaction
+
+    import django_jobqueue as jobqueue
+
+    harness.reset()
+    with transaction.atomic():
+        jobqueue.enqueue_many([("bench.sleep", {"seconds": seconds})] * jobs)
+    harness.analyze()
+    workers = harness.start_workers(procs, ["--concurrency", str(concurrency)])
+    try:
+        first = None
+        while (done := harness.done_count()) < jobs:
+            if done and first is None:
+                first = (time.perf_counter(), done, sum(cpu_seconds(w.pid) for w in workers),
+                         server_cpu())  # fmt: skip
+            if any(w.poll() is not None for w in workers):
+                raise RuntimeError("a worker exited early (see .bench-state/workers.log)")
+            time.sleep(0.02)
+        last = (time.perf_counter(), jobs, sum(cpu_seconds(w.pid) for w in workers), server_cpu())
+    finally:
+        harness.stop_workers(workers)
+    assert first is not None
+    count = last[1] - first[1]
+    rate = count / (last[0] - first[0])
+    return {
+        "procs": procs,
+        "concurrency": concurrency,
+        "job_seconds": seconds,
+        "steady_jobs_per_s": round(rate, 1),
+        "of_ideal": round(rate / (procs * concurrency / seconds), 3),
+        "worker_cpu_ms_per_job": round(1000 * (last[2] - first[2]) / count, 3),
+        "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--seconds", type=float, default=0.02)
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    harness.setup()
+    for procs in args.procs:
+        harness.report("scale", run(args.jobs, args.seconds, procs, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
