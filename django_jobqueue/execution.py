@@ -171,6 +171,18 @@ async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -
     return _succeeded(flight, result, conf)
 
 
+def _result_text(flight: InFlight, result: Any, conf: JobQueueSettings) -> str | None:
+    """The result as JSON text (None for None); ResultNotStored if it cannot be stored."""
+    if result is None:
+        return None
+    # The checks enqueue() makes of args: a result no database would take (or none could take
+    # back equal) is the same on every run, so it is never retried.
+    problem = validation.json_problem(result, "the result", conf.max_result_bytes)
+    if problem:
+        raise ResultNotStored(f"job {flight.job.pk} cannot store its result: {problem}")
+    return json.dumps(result)
+
+
 def _begin(flight: InFlight, thread_id: int | None) -> bool:
     """Mark the attempt started (False: it was settled first); log and signal its start."""
     flight.thread_id = thread_id
@@ -198,16 +210,10 @@ def _failed(flight: InFlight, exc: BaseException) -> Outcome | None:
 
 
 def _succeeded(flight: InFlight, result: Any, conf: JobQueueSettings) -> Outcome | None:
-    text = None
-    if result is not None:
-        # The checks enqueue() makes of args: a result no database would take (or none
-        # could take back equal) is the same on every run, so it is never retried.
-        problem = validation.json_problem(result, "the result", conf.max_result_bytes)
-        if problem:
-            return _failed(
-                flight, ResultNotStored(f"job {flight.job.pk} cannot store its result: {problem}")
-            )
-        text = json.dumps(result)
+    try:
+        text = _result_text(flight, result, conf)
+    except BaseException as exc:  # a result that cannot even be checked fails the attempt
+        return _failed(flight, exc)
     if not flight.settle():
         return None  # timed out meanwhile: the late result is fenced off
     return Outcome(flight, result=result, duration=flight.duration(), text=text)

@@ -59,3 +59,21 @@ def test_shutdown_releases_async_jobs_still_running_and_cancels_their_tasks(star
     released = Job.objects.get(pk=job.pk)
     assert released.state == Job.State.READY
     assert "released 1 unfinished job(s)" in worker.output()
+
+
+def test_a_loop_that_stays_blocked_makes_the_worker_exit_for_a_restart(start_worker):
+    """A coroutine that blocks the loop for good stops every async job of the worker: each
+    async attempt timed out meanwhile counts as a stuck thread, and at
+    JOBQUEUE['MAX_ABANDONED_THREADS'] (3) the worker stops with status 3 for its supervisor
+    to restart it, as with stuck sync threads."""
+    stuck = [
+        jobqueue.enqueue("test.async_block", {"seconds": 120}, timeout=0.5, max_attempts=1)
+        for _ in range(3)
+    ]
+    worker = start_worker("--concurrency", "3")
+    assert worker.wait(90) == 3
+    for job in stuck:
+        final = Job.objects.get(pk=job.pk)
+        assert final.state == Job.State.DEAD
+        assert "timeout of 0.5s" in final.last_error["message"]
+    assert "still stuck in their threads" in worker.output()

@@ -223,6 +223,7 @@ class JobWorker:
             executor=executor,
             submit_outcome=completer.submit,
             renewer=heartbeat.renewer,
+            unrecorded=completer.backlog,
         )
         completer.on_recorded = dispatcher.recorded  # back-pressure: claim again once caught up
         if self._stop_requested:

@@ -64,6 +64,7 @@ class Completer(Duty):
         self.on_recorded = on_recorded
         self._queue: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._pending: list[Outcome] = []
+        self._writing = 0  # outcomes of the write in progress (out of `_pending` meanwhile)
         self._busy_until = 0.0
 
     def submit(self, outcome: Outcome) -> None:
@@ -72,7 +73,7 @@ class Completer(Duty):
 
     def backlog(self) -> int:
         """Outcomes not written yet (about: a stop marker may count as one)."""
-        return self._queue.qsize() + len(self._pending)
+        return self._queue.qsize() + len(self._pending) + self._writing
 
     def run(self) -> None:
         # Not Duty's periodic loop: it blocks on its queue, and writes as soon as it has work.
@@ -123,12 +124,16 @@ class Completer(Duty):
 
     def _write_pending(self) -> None:
         """Write what is pending; what is neither recorded nor busy stays pending on error."""
+        # Counted as writing before they leave `_pending`: backlog() never misses them.
+        self._writing = len(self._pending)
         pending, self._pending = self._pending, []
         try:
             self._pending = self._finish(pending)
         except BaseException:
             self._pending = [o for o in pending if not o.flight.recorded]
             raise
+        finally:
+            self._writing = 0
         if self.on_recorded is not None and len(self._pending) < len(pending):
             self.on_recorded()
 

@@ -60,6 +60,7 @@ class Dispatcher:
         executor: Executor,
         submit_outcome: Callable[[Outcome], None],
         renewer: Callable[[leases.Lease], Callable[[], bool]],
+        unrecorded: Callable[[], int] = lambda: 0,
     ) -> None:
         self.dialect = dialect
         self.owner = owner
@@ -75,6 +76,7 @@ class Dispatcher:
         self.executor = executor
         self.submit_outcome = submit_outcome
         self.renewer = renewer
+        self.unrecorded = unrecorded  # outcomes handed to the completer, not written yet
         self.claimed = 0
         self.stopping = False
         self.too_many_hung = False
@@ -102,8 +104,13 @@ class Dispatcher:
         return load < self.concurrency or load <= self.capacity() // 2
 
     def unrecorded_room(self) -> int:
-        """How many more jobs may be held before the completer catches up (back-pressure)."""
-        return BACKLOG_FACTOR * self.capacity() - len(self.flights)
+        """How many more jobs may be held before the completer catches up (back-pressure).
+
+        What is held: the attempts queued or running here, and the outcomes waiting to be
+        written. (Not `len(flights)`: an attempt leaked by a bug would then hold claims back
+        for good.)
+        """
+        return BACKLOG_FACTOR * self.capacity() - self.executor.load - self.unrecorded()
 
     def recorded(self) -> None:
         """The completer wrote outcomes (its thread): claim again if that was what held us."""
@@ -118,6 +125,7 @@ class Dispatcher:
 
     def step(self, max_jobs: int | None = None) -> int:
         """Reap timeouts, then claim and dispatch what there is room for; return jobs claimed."""
+        self.held_back = False
         self.reap()
         self.release_handed_back()
         if self.paused():
@@ -132,7 +140,6 @@ class Dispatcher:
             self.stopping = True
             return 0
         load = self.executor.load
-        self.held_back = False
         if not self.wants_work(load):
             return 0
         room = self.capacity() - load

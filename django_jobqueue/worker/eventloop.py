@@ -15,10 +15,13 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+TICK = 0.1  # seconds between the loop's ticks (how a blocked loop is noticed)
 
 Done = Callable[["concurrent.futures.Future[Any]"], None]
 
@@ -30,9 +33,15 @@ class EventLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
+        # When (time.monotonic()) the loop last ran its ticker: a coroutine that blocks the
+        # loop stops it (see Executor.hung). 0.0: the loop has not started.
+        self.ticked = 0.0
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the worker's event loop is stopped (shutdown)")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 started = threading.Event()
@@ -44,9 +53,14 @@ class EventLoop:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         asyncio.set_event_loop(loop)
+
+        def tick() -> None:
+            self.ticked = time.monotonic()
+            loop.call_later(TICK, tick)
+
+        tick()
         loop.call_soon(started.set)
         try:
             loop.run_forever()
@@ -64,6 +78,7 @@ class EventLoop:
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            self._closed = True
         if loop is None or thread is None:
             return
 

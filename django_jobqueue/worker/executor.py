@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 IDLE_CLOSE = 5.0
 # Seconds between the tries of a handler thread's connection, before it gives the job back.
 CONNECT_RETRIES = (0.1, 0.3)
+# Seconds without a tick of the event loop, after an async attempt was timed out, for that
+# attempt to count as stuck (a loop that runs ticks every eventloop.TICK).
+LOOP_STUCK = 1.0
 
 
 class Executor:
@@ -61,6 +64,7 @@ class Executor:
         self._is_async = is_async
         self.event_loop = EventLoop()
         self._on_loop: dict[InFlight, concurrent.futures.Future[Any] | None] = {}
+        self._abandoned_tasks: list[float] = []  # when async attempts were timed out
         self._on_outcome = on_outcome
         self._on_idle = on_idle  # called with the new load after each attempt
         # The queue database, connected to before each handler; a flight whose connection
@@ -117,24 +121,51 @@ class Executor:
             connections.close_all()
 
     def _start_on_loop(self, flight: InFlight) -> None:
-        """Begin an async attempt here, and run it as a task on the event loop."""
+        """Begin an async attempt here, and run it as a task on the event loop.
+
+        The attempt is registered before it starts: the dispatcher may time it out (abandon
+        it) at any point from then on, and a coroutine abandoned before it was submitted is
+        closed unstarted, never run late.
+        """
         assert self._start_async is not None
+        with self._lock:
+            self._on_loop[flight] = None
         coro = None
         try:
             coro = self._start_async(flight)
         except BaseException:  # as for a sync job: the thread carries on
             logger.exception("Unexpected error starting job id=%s", flight.job.pk)
-        if coro is None:
-            self._finished()
-            return
         with self._lock:
-            self._on_loop[flight] = None
-        future = self.event_loop.submit(coro, lambda f: self._ended_on_loop(flight, f))
+            mine = flight in self._on_loop
+            if coro is None or not mine:
+                self._on_loop.pop(flight, None)
+        if coro is None or not mine:
+            if coro is not None:
+                coro.close()  # timed out (abandoned, its slot given back) before it ran
+            if mine:
+                self._finished()
+            return
+        try:
+            future = self.event_loop.submit(coro, lambda f: self._ended_on_loop(flight, f))
+        except BaseException as exc:  # the loop is stopped (shutdown) or cannot take it
+            coro.close()
+            self._not_submitted(flight, exc)
+            return
         with self._lock:
             if flight in self._on_loop:
                 self._on_loop[flight] = future
                 return
         future.cancel()  # abandoned while it was being submitted
+
+    def _not_submitted(self, flight: InFlight, exc: BaseException) -> None:
+        """An async attempt the loop refused: record it failed, unless settled already."""
+        if flight.settle():
+            logger.error("Could not run job id=%s on the event loop: %s", flight.job.pk, exc)
+            self._on_outcome(Outcome(flight, error=exc, duration=flight.duration()))
+        with self._lock:
+            mine = self._on_loop.pop(flight, False) is not False
+        if mine:
+            self._finished()
 
     def _ended_on_loop(self, flight: InFlight, future: concurrent.futures.Future[Any]) -> None:
         """An async attempt's task ended (on the loop's thread): hand on its outcome."""
@@ -226,6 +257,8 @@ class Executor:
         if on_loop:  # a task: cancel it (through asyncio) and give its slot back now
             if future is not None:
                 future.cancel()
+            with self._lock:
+                self._abandoned_tasks.append(time.monotonic())
             self._finished()
             return
         thread = next((t for t in self._threads if t.ident == flight.thread_id), None)
@@ -237,9 +270,15 @@ class Executor:
         self._finished()
 
     def hung(self) -> int:
-        """Return how many abandoned threads are still alive."""
+        """Return how many abandoned threads are still alive, plus the async attempts timed
+        out since the event loop last ran (a coroutine blocks it: each counts as a thread)."""
         self.abandoned = [t for t in self.abandoned if t.is_alive()]
-        return len(self.abandoned)
+        ticked, now = self.event_loop.ticked, time.monotonic()
+        with self._lock:
+            # Those the loop ran after (or that never reached a loop) are not stuck in it.
+            self._abandoned_tasks = [t for t in self._abandoned_tasks if ticked and t >= ticked]
+            tasks = sum(1 for t in self._abandoned_tasks if now - t > LOOP_STUCK)
+        return len(self.abandoned) + tasks
 
     def shutdown(self) -> None:
         for _ in self._threads:
