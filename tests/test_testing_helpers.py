@@ -626,3 +626,16 @@ def test_the_lazy_names_are_listed_and_unknown_names_refused():
     assert {"run_jobs", "assert_enqueued", "capture_enqueued", "RunReport"} <= set(dir(testing))
     with pytest.raises(AttributeError, match="no attribute 'run_job'"):
         testing.run_job  # noqa: B018
+
+
+def test_a_result_whose_check_raises_fails_its_attempt() -> None:
+    """A result that raises while the worker checks it fails the attempt like any error,
+    instead of leaving the job `running` with nothing recorded."""
+    from django_jobqueue import enqueue
+
+    job = enqueue("test.unreadable_result", max_attempts=1)
+    report = run_jobs()
+    assert report.counts == {"dead": 1}
+    final = refreshed(job)[0]
+    assert final.state == Job.State.DEAD
+    assert final.last_error["type"] == "builtins.RuntimeError"

@@ -208,6 +208,17 @@ class _SlowToCheck(dict[str, Any]):
         return super().items()
 
 
+class _Unreadable(dict[str, Any]):
+    def items(self) -> Any:
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+@jobqueue.handler("test.unreadable_result")
+def unreadable_result() -> dict[str, Any]:
+    """Return a result that raises when the worker checks it (a dict another thread changes)."""
+    return _Unreadable(a=1)
+
+
 @jobqueue.handler("test.slow_to_check")
 def slow_to_check(marker: str) -> dict[str, Any]:
     """Return a result that takes the worker a second to check; the marker says it began.
