@@ -104,6 +104,11 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: in
     from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
 
     _ensure_logging(verbosity)
+    # Imported now, not after a kill: what follows the kill races the leases' expiry.
+    import django_jobqueue.dialects
+    import django_jobqueue.worker.naming
+    import django_jobqueue.worker.reclaimer  # noqa: F401
+
     quiet = quiet_for(lease_ttl)
     resumed = 0.0  # when the worker was last seen stopped by a signal
     while os.getppid() == pid and not shared[_DONE]:
