@@ -135,15 +135,13 @@ class Executor:
             coro = self._start_async(flight)
         except BaseException:  # as for a sync job: the thread carries on
             logger.exception("Unexpected error starting job id=%s", flight.job.pk)
+        if coro is None:
+            self._give_back_loop_slot(flight)
+            return
         with self._lock:
-            mine = flight in self._on_loop
-            if coro is None or not mine:
-                self._on_loop.pop(flight, None)
-        if coro is None or not mine:
-            if coro is not None:
-                coro.close()  # timed out (abandoned, its slot given back) before it ran
-            if mine:
-                self._finished()
+            abandoned = flight not in self._on_loop
+        if abandoned:  # timed out (its slot given back) before it ran
+            coro.close()
             return
         try:
             future = self.event_loop.submit(coro, lambda f: self._ended_on_loop(flight, f))
@@ -162,10 +160,7 @@ class Executor:
         if flight.settle():
             logger.error("Could not run job id=%s on the event loop: %s", flight.job.pk, exc)
             self._on_outcome(Outcome(flight, error=exc, duration=flight.duration()))
-        with self._lock:
-            mine = self._on_loop.pop(flight, False) is not False
-        if mine:
-            self._finished()
+        self._give_back_loop_slot(flight)
 
     def _ended_on_loop(self, flight: InFlight, future: concurrent.futures.Future[Any]) -> None:
         """An async attempt's task ended (on the loop's thread): hand on its outcome."""
@@ -178,9 +173,13 @@ class Executor:
         if outcome is not None:
             self._observe(outcome.duration)
             self._on_outcome(outcome)
+        self._give_back_loop_slot(flight)
+
+    def _give_back_loop_slot(self, flight: InFlight) -> None:
+        """Free an async attempt's slot, unless abandon() freed it already (exactly once)."""
         with self._lock:
             mine = self._on_loop.pop(flight, False) is not False
-        if mine:  # else abandon() gave its slot back already
+        if mine:
             self._finished()
 
     def _next(self) -> InFlight | None:
