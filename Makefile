@@ -46,25 +46,34 @@ checks: venv
 docs: venv
 	$(BIN)/mkdocs build --strict --quiet --config-file docs/mkdocs.yml --site-dir ../.site
 
+# A lane runs its tests on XDIST pytest-xdist processes (whole files each, each with its own
+# test database; workers are forked by the session's fork server, tests/forkserver.py), then
+# the tests that restart the database server alone: a restart would cut the others short
+# (pytest's status 5, "no test selected", is no failure there). Most tests wait on worker
+# processes, so three processes keep 2 cores busy. MARK selects tests by marker expression.
+XDIST ?= 3
+MARK ?=
+MARKED = $(if $(MARK),($(MARK)) and ,)
+LANE = $(PYTEST) --create-db -n $(XDIST) --dist loadfile -m "$(MARKED)not server_restart" \
+	$(PYTEST_ARGS) && { $(PYTEST) --create-db -m "$(MARKED)server_restart" $(PYTEST_ARGS) \
+	|| [ $$? = 5 ]; }
+
 test-sqlite: venv
 	rm -rf $(TEST_STATE)/sqlite && mkdir -p $(TEST_STATE)/sqlite
-	JOBQUEUE_TEST_STATE=$(TEST_STATE)/sqlite DATABASE_URL= \
-		$(PYTEST) --create-db $(PYTEST_ARGS)
+	export JOBQUEUE_TEST_STATE=$(TEST_STATE)/sqlite DATABASE_URL= && $(LANE)
 
 # PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
 test-postgres: venv
 	@mkdir -p $(TEST_STATE)/postgres
 	@if $(BIN)/python .ci/db_ready.py "$(PG_URL)"; then \
-		JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres DATABASE_URL="$(PG_URL)" \
-			$(PYTEST) --create-db $(PYTEST_ARGS); \
+		export JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres DATABASE_URL="$(PG_URL)" && $(LANE); \
 	elif [ "$$CI" = "true" ]; then echo "PostgreSQL is not reachable at $(PG_URL)"; exit 1; \
 	else echo "== PostgreSQL not reachable at $(PG_URL): skipped (CI=true makes this fail)"; fi
 
 test-mysql: venv
 	@mkdir -p $(TEST_STATE)/mysql
 	@if $(BIN)/python .ci/db_ready.py "$(MYSQL_URL)"; then \
-		JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql DATABASE_URL="$(MYSQL_URL)" \
-			$(PYTEST) --create-db $(PYTEST_ARGS); \
+		export JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql DATABASE_URL="$(MYSQL_URL)" && $(LANE); \
 	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
 	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
 
@@ -99,7 +108,7 @@ coverage: venv
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
 chaos: venv
-	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES) PYTEST_ARGS="-m chaos $(PYTEST_ARGS)"
+	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES) MARK=chaos
 
 # Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
 bench: venv

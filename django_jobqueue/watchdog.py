@@ -3,8 +3,9 @@ leases can run out, and reclaims its jobs at once.
 
 A handler stuck in C code with the GIL held (a catastrophic regular expression, say) stops
 every thread of its process, the heartbeat and the job timeouts included; no thread can
-preempt it. The watchdog is a small process of its own (its own interpreter, its own GIL),
-a child of the worker started with `spawn`. The worker shares two timestamps with it: a
+preempt it. The watchdog is a small process of its own (its own GIL), a child of the worker
+forked before the worker starts any thread or opens any connection: it inherits the loaded
+Django and nothing that another thread could hold. The worker shares two timestamps with it: a
 ticker thread writes the time every TICK seconds (it runs only while the interpreter runs
 bytecode), and the heartbeat writes the start time of each successful write of the worker's
 row. The worker's row, which protects its leases, expires no sooner than a lease TTL after
@@ -46,23 +47,33 @@ def quiet_for(lease_ttl: float) -> float:
 class Guard:
     """The worker's side: the shared timestamps, the ticker thread, the watchdog process."""
 
-    def __init__(self, *, worker_id: str, lease_ttl: float, verbosity: int) -> None:
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited locks
+    def __init__(self, *, worker_id: str, lease_ttl: float) -> None:
+        # A fork, not a new interpreter: a new one would set Django up again (as long again as
+        # the worker's own start) and bring multiprocessing's resource tracker, a third process.
+        # start() forks before any thread or connection of the worker exists.
+        ctx = multiprocessing.get_context("fork")
         self.shared: Any = ctx.RawArray("d", 3)
         self.shared[_TICKED] = time.monotonic()
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="jobqueue-ticker", daemon=True)
         self.process = ctx.Process(
             target=watch,
-            args=(self.shared, os.getpid(), worker_id, lease_ttl, verbosity),
+            args=(self.shared, os.getpid(), worker_id, lease_ttl),
             name="jobqueue-watchdog",
             daemon=True,
         )
 
     def start(self) -> None:
-        """Start the ticker and the watchdog."""
-        self._ticker.start()
+        """Fork the watchdog, then start the ticker; call before the worker starts any thread.
+
+        The connections opened so far (the system checks') are closed first: a forked child
+        holding the same socket could end the worker's session by closing it.
+        """
+        from django.db import connections
+
+        connections.close_all()
         self.process.start()
+        self._ticker.start()
 
     def beaten(self, started: float) -> None:
         """Note a successful heartbeat that began at `started` (monotonic)."""
@@ -90,21 +101,15 @@ class Guard:
                 return
 
 
-def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: int) -> None:
+def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float) -> None:
     """The watchdog process: watch worker `pid` until it exits; kill it if it freezes."""
     # A terminal's Ctrl-C, or a stop sent to the whole group, is for the worker: the watchdog
     # guards its drain too, and leaves when it is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: _leave_if_done(shared, pid))
-    # Set up now, not after a kill: the jobs of a killed worker are reclaimed at once, before
-    # their leases expire and another worker's reclaimer takes them by the slower path.
-    import django
-
-    django.setup()
-    from django_jobqueue.management.commands.jobqueue_worker import _ensure_logging
-
-    _ensure_logging(verbosity)
-    # Imported now, not after a kill: what follows the kill races the leases' expiry.
+    _name_process("jobqueue-watch")
+    # Imported now, not after a kill: what follows the kill races the leases' expiry. (A fork
+    # of the worker has them already; this costs nothing then.)
     import django_jobqueue.dialects
     import django_jobqueue.worker.naming
     import django_jobqueue.worker.reclaimer  # noqa: F401
@@ -123,8 +128,16 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float, verbosity: in
             continue
         if os.getppid() != pid or shared[_DONE]:
             break
-        _kill(pid, worker_id, silent, beat + lease_ttl - now, lease_ttl, verbosity)
+        _kill(pid, worker_id, silent, beat + lease_ttl - now, lease_ttl)
         return
+
+
+def _name_process(name: str) -> None:
+    """Show `name` as this process's command name in ps and top (Linux; elsewhere nothing)."""
+    try:
+        Path("/proc/self/comm").write_text(name[:15])
+    except OSError:
+        pass
 
 
 def _leave_if_done(shared: Any, pid: int) -> None:
@@ -141,9 +154,7 @@ def _stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-def _kill(
-    pid: int, worker_id: str, silent: float, left: float, lease_ttl: float, verbosity: int
-) -> None:
+def _kill(pid: int, worker_id: str, silent: float, left: float, lease_ttl: float) -> None:
     os.kill(pid, signal.SIGKILL)
     # Orphans are re-parented only once every thread of the process is gone: from then on
     # nothing of the worker runs, and its jobs may run elsewhere.

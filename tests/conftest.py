@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,22 +89,126 @@ def assert_clean_log(text: str, *, allow: tuple[str, ...] = ()) -> None:
             assert marker not in text, f"worker log contains {marker!r}:\n{text[-4000:]}"
 
 
+class ForkedProcess:
+    """A worker forked by the fork server (`tests/forkserver.py`), driven as a Popen is."""
+
+    def __init__(self, channel: socket.socket, args: list[str]) -> None:
+        self._channel = channel
+        self._reader = channel.makefile("r")
+        self.args = args
+        self.returncode: int | None = None
+        kind, value = self._reader.readline().split()
+        assert kind == "pid", kind
+        self.pid = int(value)
+
+    def _read_exit(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        if select.select([self._channel], [], [], timeout)[0]:
+            line = self._reader.readline()
+            kind, value = line.split() if line else ("exit", "-9")  # the fork server died
+            assert kind == "exit", kind
+            self.returncode = int(value)
+            self._reader.close()
+            self._channel.close()
+
+    def poll(self) -> int | None:
+        self._read_exit(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._read_exit(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+
+class ForkServer:
+    """The session's fork server: started at the first worker, stopped at the session's end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = str(directory / "forkserver.sock")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, args: list[str], log: Path) -> ForkedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            self._launch()
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel.connect(self.path)
+        request = {"args": args, "log": str(log), "cwd": str(ROOT)}
+        channel.sendall(json.dumps(request).encode() + b"\n")
+        return ForkedProcess(channel, args)
+
+    def _launch(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        with (self.directory / "forkserver.log").open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.forkserver", self.path],
+                cwd=ROOT,
+                env=worker_environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        poll(lambda: os.path.exists(self.path) or self.proc.poll() is not None, timeout=60)
+        assert self.proc.poll() is None, (self.directory / "forkserver.log").read_text()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker subprocess: the test database, and `extra`."""
+    return {
+        **os.environ,
+        "JOBQUEUE_TEST_SUBPROCESS": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        **(extra or {}),
+    }
+
+
+_fork_server: ForkServer | None = None
+
+
+def fork_server() -> ForkServer:
+    """The session's fork server (made on first use)."""
+    global _fork_server
+    if _fork_server is None:
+        directory = Path(tempfile.mkdtemp(prefix="jobqueue-forkserver-"))
+        _fork_server = ForkServer(directory)
+    return _fork_server
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _fork_server is not None:
+        _fork_server.stop()
+
+
 class WorkerProcess:
-    """A `manage.py jobqueue_worker` subprocess on the test database."""
+    """A `manage.py jobqueue_worker` process on the test database.
+
+    Forked by the session's fork server, unless it needs an environment of its own (`env`)
+    or `--reload`: then a subprocess of its own, `python -m django jobqueue_worker`.
+    """
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        env = {
-            **os.environ,
-            "JOBQUEUE_TEST_SUBPROCESS": "1",
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            **(env or {}),
-        }
         self.log_path = log
         self._log = log.open("w")
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        if env is None and "--reload" not in args:
+            self.proc = fork_server().start(args, log)
+            return
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "jobqueue_worker", *args],
             cwd=ROOT,
-            env=env,
+            env=worker_environment(env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -148,7 +257,8 @@ class WorkerProcess:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def close(self) -> None:
@@ -199,3 +309,4 @@ def in_new_thread[T](func: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+

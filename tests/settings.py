@@ -35,9 +35,12 @@ elif _engine.endswith("mysql"):
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
 if not _engine.endswith("sqlite3"):
     _db.setdefault("TEST", {})["NAME"] = f"test_{_db['NAME']}_{RUN_ID}"
-# Worker subprocesses started by the tests connect straight to the test database.
+# Worker subprocesses started by the tests connect straight to the test database: under
+# pytest-xdist, the one pytest-django suffixed with the xdist worker's id.
 if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
     _db["NAME"] = _db["TEST"]["NAME"]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _db["NAME"] = f"{_db['NAME']}_{os.environ['PYTEST_XDIST_WORKER']}"
 DATABASES = {"default": _db}
 # The PgBouncer tests (tests/test_pgbouncer.py) give worker subprocesses a second alias, the
 # same test database through the pooler, and say which alias holds the queue and which the

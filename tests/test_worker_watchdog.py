@@ -26,18 +26,15 @@ KILLED = "killed by its watchdog"
 
 
 def children(pid: int) -> list[int]:
-    """The pids of the live watchdog processes of worker `pid`.
-
-    (multiprocessing's resource tracker, started with them, is not one.)
-    """
+    """The pids of the live watchdog processes of worker `pid` (named jobqueue-watch)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
+            comm = (stat.parent / "comm").read_text().strip()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X") and b"spawn_main" in cmdline:
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X") and comm == "jobqueue-watch":
             found.append(int(stat.parent.name))
     return found
 

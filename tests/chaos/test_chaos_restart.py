@@ -34,6 +34,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.chaos,
     pytest.mark.slow,
+    pytest.mark.server_restart,
     pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
 ]
 

@@ -192,7 +192,7 @@ class Command(BaseCommand):
             # process when a module's file changes; signals stay with the reloader.
             autoreload.run_with_reloader(self._run_reloaded, opts)
             return
-        guard = None if options["no_watchdog"] else _start_watchdog(worker, options["verbosity"])
+        guard = None if options["no_watchdog"] else _start_watchdog(worker)
         try:
             code = self._run(worker, install_signals=True)
         finally:
@@ -215,9 +215,9 @@ class Command(BaseCommand):
             os._exit(code)  # the reloader's main thread would not see sys.exit() here
 
 
-def _start_watchdog(worker: JobWorker, verbosity: int) -> Guard:
+def _start_watchdog(worker: JobWorker) -> Guard:
     """Start the process that kills `worker` if it freezes (see django_jobqueue/watchdog.py)."""
-    guard = Guard(worker_id=worker.worker_id, lease_ttl=worker.lease_ttl, verbosity=verbosity)
+    guard = Guard(worker_id=worker.worker_id, lease_ttl=worker.lease_ttl)
     worker.on_beat = guard.beaten
     guard.start()
     return guard

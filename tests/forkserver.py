@@ -1,0 +1,110 @@
+"""A fork server for the tests' worker processes: Django is set up once, each worker is a fork.
+
+Starting `python -m django jobqueue_worker` costs an interpreter and a Django set-up (about
+0.6 s of CPU, twice that under coverage) and the suite starts hundreds of workers. This
+server, started once per test session (`tests/conftest.py`), sets Django up with the settings
+a worker subprocess gets, then forks a child for each request. The child is what a worker
+subprocess is: a new session (its own process group), stdout and stderr to its log file,
+`execute_from_command_line(["django", "jobqueue_worker", ...])`, the interpreter's own exit
+(atexit handlers, coverage's included). Only its start differs: what it imports is imported
+already. Workers that need another environment (settings read from variables) or
+`--reload` (which re-executes sys.argv) are started as real subprocesses instead.
+
+Protocol, over a Unix socket, one connection per child: the client sends one JSON line
+{"args": [...], "log": path, "cwd": path}; the server answers "pid N" at once, and
+"exit CODE" when the child has exited (CODE as subprocess gives it: -N for signal N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+
+def _preload() -> None:
+    import django
+
+    django.setup()
+    # What every worker imports, so that no child imports it again.
+    import django_jobqueue.management.commands.jobqueue_worker  # noqa: F401
+    import django_jobqueue.worker  # noqa: F401
+    import django_jobqueue.worker.reclaimer  # noqa: F401
+
+
+def _run_child(request: dict[str, Any]) -> None:
+    """In the forked child: become the worker; never returns."""
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(request["cwd"])
+    from django.core.management import execute_from_command_line
+
+    sys.argv = ["django", "jobqueue_worker", *request["args"]]
+    execute_from_command_line(sys.argv)
+    sys.exit(0)  # SystemExit unwinds main() (which catches nothing) to the interpreter's exit
+
+
+def main(path: str) -> None:
+    _preload()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    parent = os.getppid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:  # the test session is gone: leave
+        try:
+            readable = select.select([server, wake_r], [], [], 1.0)[0]
+        except InterruptedError:
+            readable = []
+        if wake_r in readable:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            client = children.pop(pid, None)
+            if client is not None:
+                try:
+                    client.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                client.close()
+        if server in readable:
+            client, _ = server.accept()
+            request = json.loads(client.makefile("r").readline())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for held in (server, client, *children.values()):
+                    held.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                _run_child(request)
+            children[pid] = client
+            client.sendall(f"pid {pid}\n".encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
