@@ -21,6 +21,7 @@ While the heartbeat fails (the database is down), the ticker alone keeps the wor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -134,10 +135,8 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float) -> None:
 
 def _name_process(name: str) -> None:
     """Show `name` as this process's command name in ps and top (Linux; elsewhere nothing)."""
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text(name[:15])
-    except OSError:
-        pass
 
 
 def _leave_if_done(shared: Any, pid: int) -> None:

@@ -309,4 +309,3 @@ def in_new_thread[T](func: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-

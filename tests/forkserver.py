@@ -17,6 +17,7 @@ Protocol, over a Unix socket, one connection per child: the client sends one JSO
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -31,8 +32,8 @@ def _preload() -> None:
 
     django.setup()
     # What every worker imports, so that no child imports it again.
-    import django_jobqueue.management.commands.jobqueue_worker  # noqa: F401
-    import django_jobqueue.worker  # noqa: F401
+    import django_jobqueue.management.commands.jobqueue_worker
+    import django_jobqueue.worker
     import django_jobqueue.worker.reclaimer  # noqa: F401
 
 
@@ -73,20 +74,16 @@ def main(path: str) -> None:
         except InterruptedError:
             readable = []
         if wake_r in readable:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
                 break
             client = children.pop(pid, None)
             if client is not None:
-                try:
+                with contextlib.suppress(OSError):
                     client.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
                 client.close()
         if server in readable:
             client, _ = server.accept()
