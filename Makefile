@@ -35,6 +35,7 @@ venv: $(BIN)/.installed
 lint: venv
 	$(BIN)/ruff check django_jobqueue tests example_project bench
 	$(BIN)/ruff format --check django_jobqueue tests example_project bench
+	$(BIN)/lint-imports --no-cache
 
 typecheck: venv
 	$(BIN)/mypy django_jobqueue

@@ -74,19 +74,19 @@ def claim_cost(ready: int = CLAIMS * BATCH) -> dict[str, float]:
     import django_jobqueue as jobqueue
     from django_jobqueue import conf, leases
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.scheduling import Scheduler
+    from django_jobqueue.fairshare import FairShare
 
     with transaction.atomic():
         jobqueue.enqueue_many([("bench.noop", {})] * ready)
     harness.analyze()
     dialect = get_dialect("default")
     dialect.bound_waits(5.0, 30.0)
-    scheduler = Scheduler(conf.get())  # as a worker's dispatcher claims
+    fair_share = FairShare(conf.get())  # as a worker's dispatcher claims
     times = []
     for _ in range(CLAIMS):
         started = time.perf_counter()
         claimed = leases.claim(
-            dialect, owner="bench", queues=[], limit=BATCH, lease_ttl=30, scheduler=scheduler
+            dialect, owner="bench", queues=[], limit=BATCH, lease_ttl=30, fair_share=fair_share
         )
         times.append(time.perf_counter() - started)
         assert len(claimed) == BATCH

@@ -25,8 +25,9 @@ from .exceptions import (
 from .registry import handler
 
 if TYPE_CHECKING:
+    from .containers import container
     from .context import JobContext
-    from .control import cancel, container, retry
+    from .control import cancel, retry
     from .enqueuing import enqueue
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
@@ -71,7 +72,7 @@ _LAZY = {
     "enqueue": "enqueuing",
     "JobContext": "context",
     "cancel": "control",
-    "container": "control",
+    "container": "containers",
     "retry": "control",
     "Graph": "graphs",
     "enqueue_many": "graphs",

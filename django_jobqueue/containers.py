@@ -1,4 +1,4 @@
-"""Containers left open: found by the workers and failed, or sealed by an operator.
+"""Containers: the `container()` block that writes one, sealing it, and containers left open.
 
 A `container()` block outside a transaction writes its container at once, unsealed, and seals
 it when the block exits. A producer killed inside the block, or a database outage at its exit,
@@ -12,19 +12,82 @@ its downstream is revived, and it rolls up as a sealed container does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db.models import Exists, OuterRef, QuerySet
 
 from . import conf, workflows
-from .control import _pk, seal
+from .control import _pk, cancel
 from .dialects import Dialect, get_dialect
 from .dialects.base import seconds
 from .dialects.functions import DbNow
-from .exceptions import InvalidJobError
+from .enqueuing import create_container
+from .exceptions import ContainerNotSealed, InvalidJobError
 from .models import Job
 
 NOT_SEALED = "django_jobqueue.exceptions.ContainerNotSealed"
+
+
+@contextmanager
+def container(
+    name: str,
+    *,
+    group: str = "",
+    parent: Job | int | None = None,
+    queue: str | None = None,
+) -> Iterator[Job]:
+    """Create a container job; enqueue children with ``parent=`` it inside the block.
+
+    A container never runs: it rolls up `done` when all its children are done, or `dead` when
+    any child ended otherwise, and only after the block has exited (sealed). An empty container
+    is `done` at once. If the block raises, the container is cancelled with its children.
+    """
+    box = create_container(name, group=group, parent=parent, queue=queue)
+    try:
+        yield box
+    except BaseException:
+        cancel(box)
+        raise
+    seal(box)
+
+
+def seal(box: Job) -> None:
+    """Close a container to new children and roll it up if all its children are final.
+
+    Raises ContainerNotSealed if the workers failed it meanwhile for staying open too long.
+    """
+    dialect = get_dialect(conf.get().database)
+
+    def txn() -> None:
+        jobs = Job.objects.using(dialect.using)
+        jobs.filter(pk=box.pk).update(sealed=True, updated_at=DbNow())
+        failed = jobs.filter(pk=box.pk, state=Job.State.DEAD).values_list("last_error", flat=True)
+        error = failed.first()
+        if error and error.get("type") == NOT_SEALED:
+            # A worker failed it while this block ran (see OPEN_CONTAINER_TIMEOUT): say so,
+            # rather than let the producer believe its children were taken as one.
+            raise ContainerNotSealed(
+                f"Container {box.pk} was failed before its block exited: nothing was added to "
+                "it for OPEN_CONTAINER_TIMEOUT. Seal it (containers.seal_open) to accept its "
+                "children so far."
+            )
+        # A child finishing now reads `sealed` without a lock (workflows.roll_up): either it
+        # reads True after this commits and rolls up itself, or it wrote its final state
+        # before that; locking the unfinished children waits for such a write to commit, so
+        # that the roll-up below sees it. Without this, both could miss each other.
+        list(
+            dialect.lock_blocking(
+                jobs.filter(parent_id=box.pk).exclude(state__in=Job.TERMINAL_STATES).order_by("pk")
+            ).values_list("pk", flat=True)
+        )
+        # From now on each child that finishes counts itself down (workflows.roll_up).
+        if workflows.count_open_children(dialect, int(box.pk)) == 0:
+            workflows.roll_up(dialect, int(box.pk), finished=0)
+
+    dialect.run_in_caller_transaction(txn)
+    box.sealed = True
 
 
 def not_sealed_error(timeout: float) -> dict[str, Any]:

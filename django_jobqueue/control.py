@@ -1,18 +1,22 @@
-"""Operator actions on existing jobs: cancel(), retry(), and container()."""
+"""Operator actions on existing jobs: cancel(), retry(), release_lease(), delete_finished().
+
+The Python API and the admin's actions both go through these; each checks, under the rows'
+locks, that what it does is still right (a lease still stuck, a job still finished).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
 
-from . import conf, validation, workflows
+from . import conf, pruning, validation, workflows
 from .dialects import Dialect, get_dialect
 from .dialects.functions import DbNow
-from .enqueuing import create_container
-from .exceptions import ContainerNotSealed, InvalidJobError
-from .models import Job
+from .exceptions import InvalidJobError
+from .models import Job, JobDependency, Worker
 
 
 def _pk(job: Job | int) -> int:
@@ -158,63 +162,116 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
     return dialect.run_in_caller_transaction(txn)
 
 
-@contextmanager
-def container(
-    name: str,
-    *,
-    group: str = "",
-    parent: Job | int | None = None,
-    queue: str | None = None,
-) -> Iterator[Job]:
-    """Create a container job; enqueue children with ``parent=`` it inside the block.
+def owner_alive(owner: str | None, using: str | None = None) -> bool:
+    """Whether worker `owner` has a row that has not expired (its heartbeat is current)."""
+    if owner is None:
+        return False
+    workers = Worker.objects.using(using or conf.get().database)
+    return workers.filter(pk=owner, expires_at__gt=DbNow()).exists()
 
-    A container never runs: it rolls up `done` when all its children are done, or `dead` when
-    any child ended otherwise, and only after the block has exited (sealed). An empty container
-    is `done` at once. If the block raises, the container is cancelled with its children.
+
+def release_lease(job: Job | int) -> str:
+    """Hand a stuck lease back: the job becomes `ready` (`cancelled` if that was requested).
+
+    A lease is stuck when its owner's worker row is gone or expired. A live worker keeps its
+    leases whatever its row's `job_ids` say: the heartbeat writes them only once per
+    HEARTBEAT_INTERVAL, so a job claimed since is missing there while the worker runs it.
+    Raises InvalidJobError for a live owner (cancel the job instead) and for a job that holds
+    no lease. The attempt stays counted; the job gets room for one more. Every write matches
+    the lease read under the row lock (owner and attempt), so a worker finishing the job at
+    the same moment wins or loses whole. Returns the job's new state.
     """
-    box = create_container(name, group=group, parent=parent, queue=queue)
-    try:
-        yield box
-    except BaseException:
-        cancel(box)
-        raise
-    seal(box)
-
-
-def seal(box: Job) -> None:
-    """Close a container to new children and roll it up if all its children are final.
-
-    Raises ContainerNotSealed if the workers failed it meanwhile for staying open too long.
-    """
-    from . import containers
-
     dialect = get_dialect(conf.get().database)
+    pk = _pk(job)
 
-    def txn() -> None:
+    def txn() -> str:
         jobs = Job.objects.using(dialect.using)
-        jobs.filter(pk=box.pk).update(sealed=True, updated_at=DbNow())
-        failed = jobs.filter(pk=box.pk, state=Job.State.DEAD).values_list("last_error", flat=True)
-        error = failed.first()
-        if error and error.get("type") == containers.NOT_SEALED:
-            # A worker failed it while this block ran (see OPEN_CONTAINER_TIMEOUT): say so,
-            # rather than let the producer believe its children were taken as one.
-            raise ContainerNotSealed(
-                f"Container {box.pk} was failed before its block exited: nothing was added to "
-                "it for OPEN_CONTAINER_TIMEOUT. Seal it (containers.seal_open) to accept its "
-                "children so far."
-            )
-        # A child finishing now reads `sealed` without a lock (workflows.roll_up): either it
-        # reads True after this commits and rolls up itself, or it wrote its final state
-        # before that; locking the unfinished children waits for such a write to commit, so
-        # that the roll-up below sees it. Without this, both could miss each other.
-        list(
-            dialect.lock_blocking(
-                jobs.filter(parent_id=box.pk).exclude(state__in=Job.TERMINAL_STATES).order_by("pk")
-            ).values_list("pk", flat=True)
+        row = (
+            dialect.lock_blocking(jobs.filter(pk=pk))
+            .values_list("state", "lease_owner", "attempts", "cancel_requested", "parent_id")
+            .first()
         )
-        # From now on each child that finishes counts itself down (workflows.roll_up).
-        if workflows.count_open_children(dialect, int(box.pk)) == 0:
-            workflows.roll_up(dialect, int(box.pk), finished=0)
+        if row is None:
+            raise InvalidJobError(f"Job {pk} does not exist.")
+        state, owner, attempts, cancel, parent_id = row
+        if state not in Job.LEASED_STATES:
+            raise InvalidJobError(f"Job {pk} is {state}; it holds no lease.")
+        if owner_alive(owner, dialect.using):
+            raise InvalidJobError(
+                f"Job {pk} is held by live worker {owner} (its heartbeat is current): a live "
+                "worker's lease is never released, as the job would run twice; cancel the "
+                "job instead."
+            )
+        lease = jobs.filter(pk=pk, lease_owner=owner, attempts=attempts, state=state)
+        if cancel:
+            lease.update(**workflows.terminal_values(Job.State.CANCELLED))
+            workflows.on_terminal(dialect, pk, Job.State.CANCELLED, parent_id)
+            return str(Job.State.CANCELLED)
+        lease.update(
+            state=Job.State.READY,
+            lease_owner=None,
+            lease_expires=None,
+            run_after=None,
+            max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+            updated_at=DbNow(),
+        )
+        workflows.notify_on_commit(dialect, jobs.filter(pk=pk).values_list("queue", flat=True))
+        return str(Job.State.READY)
 
-    dialect.run_in_caller_transaction(txn)
-    box.sealed = True
+    return dialect.run_in_caller_transaction(txn)
+
+
+def delete_finished(ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
+    """Delete those of jobs `ids` that are finished and that no unfinished job needs.
+
+    The pruner's rule (`pruning.deletable`): a job is kept when it has not finished, when an
+    unfinished job depends on it, when its container has not finished, or when it is a
+    container with children left (children selected with it go with it). Candidate rows are
+    locked before the delete, and enqueue() locks the upstream rows it references, so no new
+    dependency can slip in between. Returns the deleted ids and, for each kept id, why it
+    was kept.
+    """
+    dialect = get_dialect(conf.get().database)
+    wanted = sorted(set(ids))
+
+    def txn() -> list[int]:
+        finished = Job.objects.using(dialect.using).filter(
+            pk__in=wanted, state__in=Job.TERMINAL_STATES
+        )
+        rows = list(
+            dialect.lock_blocking(finished.order_by("pk")).values_list(
+                "pk", "parent_id", "is_container"
+            )
+        )
+        going, _, _ = pruning.deletable(dialect, rows)
+        if going:
+            pruning.delete_jobs(dialect, going, containers={pk for pk, _, box in rows if box})
+        return going
+
+    deleted = dialect.run_in_caller_transaction(txn)
+    return deleted, _why_kept(dialect.using, [pk for pk in wanted if pk not in set(deleted)])
+
+
+def _why_kept(using: str, ids: list[int]) -> dict[int, str]:
+    jobs = Job.objects.using(using)
+    reasons: dict[int, str] = {}
+    for pk, state, parent_id, parent_state in jobs.filter(pk__in=ids).values_list(
+        "pk", "state", "parent_id", "parent__state"
+    ):
+        if state not in Job.TERMINAL_STATES:
+            reasons[pk] = f"it is {state}, not finished"
+        elif parent_id is not None and parent_state not in Job.TERMINAL_STATES:
+            reasons[pk] = f"its container {parent_id} is {parent_state}"
+        elif jobs.filter(parent_id=pk).exists():
+            reasons[pk] = "it is a container with children left: delete them first"
+        else:
+            needer = (
+                JobDependency.objects.using(using)
+                .filter(depends_on_id=pk, job__state__in=Job.UNFINISHED_STATES)
+                .values_list("job_id", flat=True)
+                .first()
+            )
+            reasons[pk] = f"unfinished job {needer} depends on it" if needer else "it changed"
+    for pk in set(ids) - set(reasons):
+        reasons[pk] = "it no longer exists"
+    return reasons

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import F, Q
 
 from . import pausing, registry, workflows
-from .claimed import ClaimedJob
 from .dialects import Dialect
-from .dialects.base import MAX_DELAY, Finished, FinishReport, seconds
+from .dialects.base import MAX_DELAY, seconds
 from .dialects.functions import DbNow
 from .error_records import with_error
 from .models import Job, JobQuerySet
+from .records import ClaimedJob, Finished, FinishReport
 
 if TYPE_CHECKING:
-    from .scheduling import Scheduler
+    from .fairshare import FairShare
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +120,14 @@ def claim(
     queues: list[str],
     limit: int,
     lease_ttl: float,
-    scheduler: Scheduler | None = None,
+    fair_share: FairShare | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to `limit` ready jobs for `owner` in one transaction; they are `running`.
 
     The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
     BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
     same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
-    database has it. Jobs of paused queues are left out: the worker's `scheduler` keeps the
+    database has it. Jobs of paused queues are left out: the worker's `fair_share` keeps the
     paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
     """
 
@@ -137,11 +137,13 @@ def claim(
     if limit <= 0:  # no room: the one-statement claims would compile an empty LIMIT
         return []
     using = dialect.using
-    paused = scheduler.paused_queues(using) if scheduler else pausing.paused_queues(using)
+    paused = fair_share.paused_queues(using) if fair_share else pausing.paused_queues(using)
     shape = (tuple(queues), registry.allowlist(), paused)
     ready = _ready(using, *shape)
-    dynamic = scheduler.ask_dynamic(ready) if scheduler is not None else {}
-    if dialect.autocommit_statements and (scheduler is None or not scheduler.needs_planning(ready)):
+    dynamic = fair_share.ask_dynamic(ready) if fair_share is not None else {}
+    if dialect.autocommit_statements and (
+        fair_share is None or not fair_share.needs_planning(ready)
+    ):
         # One statement, its own transaction: no BEGIN and COMMIT round trips.
         return dialect.run_statement(
             lambda: dialect.claim_ready(
@@ -150,13 +152,13 @@ def claim(
         )
 
     def txn() -> list[ClaimedJob]:
-        if scheduler is None or not scheduler.needs_planning(ready):
+        if fair_share is None or not fair_share.needs_planning(ready):
             return dialect.claim_ready(
                 ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
-        rows = scheduler.select(dialect, ready, limit, dynamic)
+        rows = fair_share.select(dialect, ready, limit, dynamic)
         claimed = dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
-        scheduler.record_starts(dialect)  # counted after the jobs' started_at was stamped
+        fair_share.record_starts(dialect)  # counted after the jobs' started_at was stamped
         return claimed
 
     return dialect.run_in_transaction(txn)

@@ -1,6 +1,6 @@
 """Writing attempts' outcomes: a result or a failure, its log line and its signals.
 
-`execution` runs an attempt and says what to record (`Outcome`, `failure_plan`); `record()`
+`attempts` runs an attempt and says what to record (`Outcome`, `failure_plan`); `record()`
 writes it, for the worker's completer (many at a time, on its own thread) and for
 `testing.run_jobs()` (one at a time, in the caller's thread) alike, so a test sees exactly
 what production writes. Every write is fenced by the attempt's lease (see `leases`); signals
@@ -17,11 +17,11 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 
 from . import leases, signals
+from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_plan
 from .conf import JobQueueSettings
 from .dialects import Dialect
 from .error_records import error_info, error_record, log_text
 from .exceptions import ResultNotStored, Retry
-from .execution import Outcome, about, failure_plan, log_extra, plain_failure_plan
 
 # The loggers the docs name: what became of each attempt is told by `django_jobqueue.execution`,
 # a result the database refused by the worker's writer, `django_jobqueue.worker.completer`.

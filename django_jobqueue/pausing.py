@@ -1,7 +1,7 @@
 """Queue pause: workers claim no job of a paused queue until it is resumed.
 
 The state lives in QueueState rows. Each worker reads the paused queues at most every
-FAIR_SHARE_REFRESH seconds (see Scheduler.paused_queues) and leaves them out of its claim, so
+FAIR_SHARE_REFRESH seconds (see FairShare.paused_queues) and leaves them out of its claim, so
 a pause takes effect within about that long; jobs already running finish as usual.
 """
 

@@ -3,8 +3,8 @@
 Each claim that starts jobs of a rate-limited group records one row (the database clock's
 time, how many) in RateLimitStart, and a claim may start only as many more as the rows of
 the last window leave room for. The time is read after the claim stamped its jobs'
-`started_at` (Scheduler.record_starts), so it is never earlier than their stamps. Both
-happen inside the claim transaction, under the group's lock row (see Scheduler), so claims
+`started_at` (FairShare.record_starts), so it is never earlier than their stamps. Both
+happen inside the claim transaction, under the group's lock row (see FairShare), so claims
 in every process and host count each other's starts.
 
 The window is held `MARGIN` longer than the period: a job starts in its handler a few

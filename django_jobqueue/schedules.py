@@ -2,7 +2,7 @@
 
 A schedule names a handler (or a django.tasks task) and either a cron expression in a time
 zone or `every` N seconds; its *slots* are the instants it is due. This module defines and
-checks schedules; the workers' scheduler duty (worker/scheduler.py) enqueues their slots.
+checks schedules; the workers' scheduler duty (worker/schedule_runner.py) enqueues their slots.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Called inside the transaction that made the job terminal, never from the ready-s
 - `dead`/`cancelled`: waiting downstream jobs are cancelled, transitively, each naming the
   job that caused it (`cancelled_by`), so that retrying that job can revive them;
 - either way the job's container rolls up once it is sealed and all its children are final.
+
+And when a `scheduled` job's time has come it becomes `ready` (`promote_due`: the promoter
+duty, burst workers and `testing.run_jobs()` call it).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from django.db import transaction
 
 from . import wake
 from .dialects import Dialect
-from .dialects.base import Finished, terminal_columns
+from .dialects.base import terminal_columns
 from .dialects.functions import DbNow
 from .error_records import error_record
 from .exceptions import UpstreamFailed
 from .models import Job, JobDependency
+from .records import Finished
 
 terminal_values = terminal_columns
 
@@ -148,7 +152,7 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     or inserted sealed), so no child counts its siblings. The container becomes `done` if all
     its children are done, else `dead`. The caller has already written its children's final
     states; an open (unsealed) container is left alone without being locked: sealing counts
-    its children (see `control.seal` for why that is safe).
+    its children (see `containers.seal` for why that is safe).
     """
     jobs = Job.objects.using(dialect.using)
     # Look before locking: a producer adding a child with depends_on holds the open
@@ -342,3 +346,22 @@ def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
         count_open_children(dialect, container_id)
         revive(dialect, container_id)
         container_id = row[1]
+
+
+def promote_due(dialect: Dialect, *, batch: int) -> int:
+    """Make up to `batch` due scheduled jobs `ready`, earliest first; return how many."""
+
+    def txn() -> int:
+        jobs = Job.objects.using(dialect.using)
+        due = list(
+            dialect.lock(jobs.due().order_by("run_after", "pk")).values_list("pk", "queue")[:batch]
+        )
+        if not due:
+            return 0
+        promoted = jobs.filter(pk__in=[pk for pk, _ in due], state=Job.State.SCHEDULED).update(
+            state=Job.State.READY, updated_at=DbNow()
+        )
+        notify_on_commit(dialect, {queue for _, queue in due})
+        return promoted
+
+    return dialect.run_in_transaction(txn)

@@ -23,8 +23,8 @@ from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import Dialect
 from django_jobqueue.dialects.functions import DbNow
 from django_jobqueue.models import Job, Worker
-from django_jobqueue.worker.promoter import promote_due
 from django_jobqueue.worker.reclaimer import reclaim_expired
+from django_jobqueue.workflows import promote_due
 from tests.conftest import in_new_thread
 from tests.factories import JobDependencyFactory, JobFactory
 

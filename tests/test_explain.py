@@ -320,7 +320,8 @@ def test_the_claim_reads_only_the_ready_index(busy_table: None) -> None:
 
 
 def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
-    from django_jobqueue.worker.promoter import promote_due, seconds_until_due
+    from django_jobqueue.worker.promoter import seconds_until_due
+    from django_jobqueue.workflows import promote_due
 
     dialect = get_dialect("default")
     Job.objects.filter(
@@ -343,13 +344,13 @@ def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
 def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
     """With several groups, each group's best ready jobs come from the group index."""
     from django_jobqueue import conf, leases
-    from django_jobqueue.scheduling import Scheduler
+    from django_jobqueue.fairshare import FairShare
 
     dialect = get_dialect("default")
-    scheduler = Scheduler(conf.get())
+    fair_share = FairShare(conf.get())
     statements = statements_of(
         lambda: leases.claim(
-            dialect, owner="explain", queues=[], limit=8, lease_ttl=30, scheduler=scheduler
+            dialect, owner="explain", queues=[], limit=8, lease_ttl=30, fair_share=fair_share
         )
     )
     # The per-group reads filter on one group; the demand view (a GROUP BY) is not one of them.
@@ -367,12 +368,12 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
     """Without limits, the claim asks only whether a second group has ready work: two reads
     of the group index, each stopping at its first row, never a read of every ready row."""
     from django_jobqueue import conf, leases
-    from django_jobqueue.scheduling import Scheduler
+    from django_jobqueue.fairshare import FairShare
 
-    scheduler = Scheduler(conf.get())
-    assert not scheduler.has_limits
+    fair_share = FairShare(conf.get())
+    assert not fair_share.has_limits
     statements = statements_of(
-        lambda: scheduler.needs_planning(leases._ready("default", (), ("test.noop",), ()))
+        lambda: fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ()))
     )
     reads = job_statements(statements, "SELECT")
     assert len(reads) == 2, statements
@@ -381,7 +382,7 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
         assert re.search(r"LIMIT 1\b", sql), sql
         used, sorts, plan = explain_sql(sql)
         assert GROUP_INDEX in used and not sorts, plan
-    assert scheduler.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
+    assert fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
 
 
 # -- plans that hold whatever the statistics say ------------------------------------------------

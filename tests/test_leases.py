@@ -14,11 +14,11 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, leases
+from django_jobqueue.attempts import InFlight, Outcome, failure_plan
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import seconds
-from django_jobqueue.execution import InFlight, Outcome, failure_plan
+from django_jobqueue.fairshare import FairShare
 from django_jobqueue.models import Job, Worker
-from django_jobqueue.scheduling import Scheduler
 from django_jobqueue.worker.heartbeat import renew_leases
 from django_jobqueue.worker.reclaimer import reclaim_expired
 from tests.conftest import in_new_thread
@@ -97,7 +97,7 @@ def test_two_workers_never_claim_the_same_job(dialect):
 @pytest.mark.parametrize("fair_share", [False, True], ids=["plain", "fair-share-groups"])
 def test_concurrent_claims_from_threads_are_disjoint(fair_share):
     """Threads (each its own connection) race claim() until the queue is empty; with several
-    groups the claim goes through the fair-share scheduler's per-group locking reads."""
+    groups the claim goes through the fair share's per-group locking reads."""
     groups = ["a", "b", "c"] if fair_share else [""]
     ids = {
         jobqueue.enqueue("test.noop", group=groups[i % len(groups)], weight=1 + i % 3).pk
@@ -109,12 +109,12 @@ def test_concurrent_claims_from_threads_are_disjoint(fair_share):
 
     def run(owner: str) -> None:
         dialect = get_dialect("default")
-        scheduler = Scheduler(conf.get()) if fair_share else None
+        planner = FairShare(conf.get()) if fair_share else None
         mine: list[int] = []
         try:
             barrier.wait()
             while batch := leases.claim(
-                dialect, owner=owner, queues=[], limit=3, lease_ttl=TTL, scheduler=scheduler
+                dialect, owner=owner, queues=[], limit=3, lease_ttl=TTL, fair_share=planner
             ):
                 mine.extend(j.pk for j in batch)
         except BaseException as exc:  # surfaced below
@@ -445,7 +445,8 @@ def test_finish_and_fail_skip_a_row_another_transaction_holds_locked(dialect):
 
 
 def test_due_scheduled_jobs_are_promoted_and_future_ones_wait(dialect):
-    from django_jobqueue.worker.promoter import promote_due, seconds_until_due
+    from django_jobqueue.worker.promoter import seconds_until_due
+    from django_jobqueue.workflows import promote_due
 
     soon = jobqueue.enqueue("test.noop", run_after=dt.timedelta(seconds=30))
     later = jobqueue.enqueue("test.noop", run_after=dt.timedelta(hours=1))

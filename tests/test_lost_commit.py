@@ -13,8 +13,8 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, leases, signals
+from django_jobqueue.attempts import InFlight, Outcome
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.execution import InFlight, Outcome
 from django_jobqueue.models import Job
 from django_jobqueue.worker.completer import Completer
 from django_jobqueue.worker.flights import Flights

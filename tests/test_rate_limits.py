@@ -134,7 +134,7 @@ def test_starts_are_counted_after_their_jobs_are_stamped(settings, monkeypatch):
 
     from django_jobqueue import conf, leases
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.scheduling import Scheduler
+    from django_jobqueue.fairshare import FairShare
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "RATE_LIMITS": {"api": "5/s"}}
     enqueue("api", 15)
@@ -147,12 +147,12 @@ def test_starts_are_counted_after_their_jobs_are_stamped(settings, monkeypatch):
         return mark_claimed(*args, **kwargs)
 
     monkeypatch.setattr(dialect, "mark_claimed", held_up)
-    scheduler = Scheduler(conf.get())
+    fair_share = FairShare(conf.get())
     claimed = 0
     deadline = time.monotonic() + 60
     while claimed < 15 and time.monotonic() < deadline:
         jobs = leases.claim(
-            dialect, owner="t", queues=[], limit=10, lease_ttl=60, scheduler=scheduler
+            dialect, owner="t", queues=[], limit=10, lease_ttl=60, fair_share=fair_share
         )
         claimed += len(jobs)
         time.sleep(0.02)

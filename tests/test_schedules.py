@@ -22,7 +22,7 @@ from django_jobqueue.checks import check_schedules, check_settings
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.exceptions import HandlerRegistrationError
 from django_jobqueue.models import Job, ScheduleState
-from django_jobqueue.worker import scheduler
+from django_jobqueue.worker import schedule_runner
 from tests.conftest import assert_clean_log, poll
 from tests.testapp.clock import set_clock
 from tests.workflow_support import FAST, run_burst
@@ -193,13 +193,13 @@ def test_schedules_must_be_a_dict_of_dicts(settings):
 def test_a_slot_is_taken_once_and_its_job_carries_the_slot_key():
     s = schedules.parse("poll", {"handler": "test.add", "every": 30, "args": {"a": 1, "b": 2}})
     dialect = get_dialect("default")
-    scheduler.ensure_states(dialect, [s], at("2026-01-01T00:00:05+00:00"))
+    schedule_runner.ensure_states(dialect, [s], at("2026-01-01T00:00:05+00:00"))
     now = at("2026-01-01T00:00:31+00:00")
-    job = scheduler.take_slot(dialect, s, now)
+    job = schedule_runner.take_slot(dialect, s, now)
     assert job is not None
     assert job.unique_key == "schedule:poll:2026-01-01T00:00:30+00:00"
     assert (job.type, job.args) == ("test.add", {"a": 1, "b": 2})
-    assert scheduler.take_slot(dialect, s, now) is None  # the same slot again: nothing
+    assert schedule_runner.take_slot(dialect, s, now) is None  # the same slot again: nothing
     state = ScheduleState.objects.get(name="poll")
     assert (state.last_slot, state.enqueued_slot, state.job_id) == (
         at("2026-01-01T00:00:30+00:00"),
@@ -225,8 +225,8 @@ def test_jobqueue_schedules_lists_next_runs_and_last_enqueued_slot(settings, tmp
         mp.setenv("JOBQUEUE_TEST_CLOCK_FILE", str(clock_file))
         dialect = get_dialect("default")
         poll_schedule = schedules.configured()[1]
-        scheduler.ensure_states(dialect, [poll_schedule], at("2026-01-01T09:59:00+00:00"))
-        job = scheduler.take_slot(dialect, poll_schedule, at("2026-01-01T10:00:05+00:00"))
+        schedule_runner.ensure_states(dialect, [poll_schedule], at("2026-01-01T09:59:00+00:00"))
+        job = schedule_runner.take_slot(dialect, poll_schedule, at("2026-01-01T10:00:05+00:00"))
         out = StringIO()
         call_command("jobqueue_schedules", "--count", "2", stdout=out)
     text = out.getvalue()
@@ -356,8 +356,8 @@ def test_a_schedule_can_name_a_django_task(settings):
     (s,) = schedules.configured()
     assert s.handler == task_key("default", "tests.testapp.tasks.add")
     dialect = get_dialect("default")
-    scheduler.ensure_states(dialect, [s], at("2026-01-01T00:00:00+00:00"))
-    job = scheduler.take_slot(dialect, s, at("2026-01-01T00:00:10+00:00"))
+    schedule_runner.ensure_states(dialect, [s], at("2026-01-01T00:00:00+00:00"))
+    job = schedule_runner.take_slot(dialect, s, at("2026-01-01T00:00:10+00:00"))
     assert job is not None and job.unique_key == "schedule:sum:2026-01-01T00:00:10+00:00"
     # A worker of its own would run the schedule by the real clock: without it, just the job.
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {}}

@@ -8,8 +8,8 @@ from django.db import connection
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, leases
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.fairshare import FairShare
 from django_jobqueue.models import Job
-from django_jobqueue.scheduling import Scheduler
 from tests.conftest import assert_clean_log, poll, wait_for_job
 from tests.testapp.models import RunRecord
 from tests.workflow_support import FAST, run_burst
@@ -89,20 +89,20 @@ def test_one_job_group_is_served_promptly_behind_thousands(start_worker):
 
 def test_slots_a_group_cannot_use_go_to_other_groups(settings):
     """A claim does not come back short while claimable jobs remain: the slots planned for a
-    group that has fewer ready jobs than the scheduler's cached view says (or whose rows are
+    group that has fewer ready jobs than the fair share's cached view says (or whose rows are
     locked by concurrent claims) are planned again over the other groups."""
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FAIR_SHARE_REFRESH": 600.0}
     dialect = get_dialect(connection.alias)
-    scheduler = Scheduler(conf.get())
+    fair_share = FairShare(conf.get())
     gone = jobqueue.enqueue_many([{"type": "test.noop", "group": "a"}] * 3)
     left = jobqueue.enqueue_many([{"type": "test.noop", "group": "b"}] * 3)
 
     def claim(limit: int) -> list[Job]:
         return leases.claim(
-            dialect, owner="w", queues=[], limit=limit, lease_ttl=30, scheduler=scheduler
+            dialect, owner="w", queues=[], limit=limit, lease_ttl=30, fair_share=fair_share
         )
 
-    assert claim(0) == []  # the scheduler now holds a view with 3 ready jobs in each group
+    assert claim(0) == []  # the fair share now holds a view with 3 ready jobs in each group
     for job in gone:
         jobqueue.cancel(job)
     # plan() gives "a" at least one of the 3 slots (it is tied or less loaded at some point).

@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import containers, control
+from django_jobqueue import containers
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.enqueuing import create_container
 from django_jobqueue.exceptions import ContainerNotSealed, InvalidJobError
@@ -127,7 +127,7 @@ def test_open_container_is_failed_only_when_idle_for_the_timeout():
     assert Job.objects.get(pk=child.pk).state == "ready"  # left alone
     # The producer's block then exits: it is told its container was failed.
     with pytest.raises(ContainerNotSealed, match=f"Container {busy.pk} was failed"):
-        control.seal(busy)
+        containers.seal(busy)
 
 
 def test_block_exit_raises_when_its_container_was_failed_meanwhile():

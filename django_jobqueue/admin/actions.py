@@ -1,6 +1,6 @@
 """Admin actions: retry, cancel, release a stuck lease, seal an open container, delete jobs.
 
-Each action goes through the library's own operations (control.retry/cancel, repair.*), which
+Each action goes through the library's own operations (`control`), which
 lock the row they judge and write under that lock or match it in the UPDATE, so a worker
 changing the same job at the same moment never has its write undone by a stale read. At most
 ACTION_LIMIT jobs are handled per run, so "select all" over a million rows stays bounded.
@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .. import containers, control, repair
+from .. import containers, control
 from ..exceptions import JobQueueError
 from ..models import Job
 
@@ -170,7 +170,7 @@ def cancel_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) 
 @admin.action(permissions=["change"], description=_("Release selected stuck leases"))
 def release_leases(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     """Hand leases whose worker is gone back to `ready`."""
-    changed, skipped, left = _each(queryset, repair.release_lease)
+    changed, skipped, left = _each(queryset, control.release_lease)
     record(modeladmin, request, "Released lease", changed, len(skipped))
     report(request, "Released", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
 
@@ -189,7 +189,7 @@ def delete_finished_jobs(modeladmin: Any, request: HttpRequest, queryset: QueryS
     ids, left = _ids(queryset)
     # Read before the delete, as Django's own delete action does: a LogEntry names its row.
     before = {job.pk: job for job in Job.objects.filter(pk__in=ids).only(*LOGGED_FIELDS)}
-    deleted, kept = repair.delete_finished(ids)
+    deleted, kept = control.delete_finished(ids)
     modeladmin.log_deletions(request, [before[pk] for pk in deleted if pk in before])
     logger.info(
         "Admin user %s deleted %s jobs ids=[%s] (%s kept)",

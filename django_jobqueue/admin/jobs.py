@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .. import conf, containers, repair
+from .. import conf, containers, control
 from ..models import Job, JobDependency, Worker
 from . import display, filters, graph
 from .actions import (
@@ -241,7 +241,7 @@ class JobAdmin(JobPagesAdmin):
             owner = format_html(
                 '<a href="{}">{}</a> (host {}, pid {})', url, worker.pk, worker.host, worker.pid
             )
-        if repair.owner_alive(job.lease_owner):
+        if control.owner_alive(job.lease_owner):
             release = (
                 "Release lease is not offered: its worker is alive (its heartbeat is current), "
                 "and a released job would run twice. Cancel the job instead."
@@ -289,7 +289,7 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if containers.was_failed_unsealed(job):
         return [("seal_containers", "Seal")]
     if job.state in Job.LEASED_STATES:
-        if repair.owner_alive(job.lease_owner):  # releasing would run the job twice
+        if control.owner_alive(job.lease_owner):  # releasing would run the job twice
             return [("cancel_jobs", "Cancel")]
         return [("cancel_jobs", "Cancel"), ("release_leases", "Release lease")]
     if job.state not in Job.TERMINAL_STATES:

@@ -37,8 +37,8 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 
-from ..claimed import CLAIM_FIELDS, ClaimedJob
 from ..models import Job, JobDependency, JobQuerySet
+from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
 from .functions import DbNow
 
 logger = logging.getLogger(__name__)
@@ -69,28 +69,6 @@ def seconds(value: float) -> dt.timedelta:
 
 class TransientDatabaseError(DatabaseError):
     """A write transaction kept failing on lock contention after bounded retries."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Finished:
-    """One row a batched finish wrote: its final state and what the graph must do about it."""
-
-    job_id: int
-    state: str  # "done", or "cancelled" when cancellation was requested while it ran
-    parent_id: int | None
-    has_dependents: bool
-
-
-@dataclasses.dataclass
-class FinishReport:
-    """What a batched finish did with each (job id, attempt) it was given."""
-
-    finished: list[Finished] = dataclasses.field(default_factory=list)
-    busy: list[int] = dataclasses.field(default_factory=list)  # row locked elsewhere: try again
-    lost: list[int] = dataclasses.field(default_factory=list)  # lease no longer ours
-    # (job id, state) finished by this very lease before: an earlier write of the batch was
-    # committed but its reply was lost. Recorded already, the graph has reacted already.
-    recorded: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 class Dialect:

@@ -13,11 +13,12 @@ from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet
-from .base import Dialect, Finished, FinishReport
+from ..records import Finished, FinishReport
+from .base import Dialect
 from .functions import DbNow
 
 if TYPE_CHECKING:
-    from ..claimed import ClaimedJob
+    from ..records import ClaimedJob
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
 # lock_not_available (a lock wait ran into the worker's lock_timeout).
@@ -244,9 +245,9 @@ class PostgreSQLDialect(Dialect):
         # One array parameter instead of an IN list of thousands of parameters.
         return RawSQL("SELECT unnest(%s::bigint[])", (list(ids),))
 
-    def listener(self) -> Listener:
+    def listen(self) -> NotificationStream:
         """Return a LISTEN connection of this thread (its own, never used for anything else)."""
-        return Listener(self)
+        return NotificationStream(self)
 
     # -- the claim and the finish: one statement each ----------------------------------------
 
@@ -369,7 +370,7 @@ class PostgreSQLDialect(Dialect):
         return self._read_committed()
 
 
-class Listener:
+class NotificationStream:
     """A LISTEN on the queue channel, on the calling thread's own connection."""
 
     def __init__(self, dialect: PostgreSQLDialect) -> None:

@@ -19,7 +19,7 @@ from .base import Dialect
 from .functions import DbNow
 
 if TYPE_CHECKING:
-    from ..claimed import ClaimedJob
+    from ..records import ClaimedJob
 
 M = TypeVar("M", bound=Any)
 

@@ -1,6 +1,6 @@
 """run_jobs(): run queued jobs in the caller's thread, through the worker's own code paths.
 
-A worker claims (`leases.claim`), runs (`execution.run`) and records (`outcomes.record`);
+A worker claims (`leases.claim`), runs (`attempts.run`) and records (`outcomes.record`);
 the graph reacts inside those writes (`workflows`). This module does the same, one job at a
 time, in the calling thread and on its database connection, so a test sees exactly what
 production would write. Only the wiring differs: no threads, no heartbeat, no reclaimer, and
@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError, transaction
 
+from .. import attempts, leases, outcomes, workflows
 from .. import conf as conf_module
-from .. import execution, leases, outcomes
 from ..dialects import Dialect, get_dialect
 from ..dialects.functions import DbNow
 from ..exceptions import JobQueueError
 from ..models import Job
-from ..worker.promoter import promote_due
 
 if TYPE_CHECKING:
     from ..conf import JobQueueSettings
@@ -139,7 +138,7 @@ def run_jobs(
         if report.attempts >= max_runs:
             leases.release(dialect, [lease])  # not charged: the job is as it was
             raise RunawayJobsError(_runaway_message(max_runs, types, job.type))
-        flight = execution.InFlight(
+        flight = attempts.InFlight(
             job=job, lease=lease, claimed=time.monotonic(), lease_ttl=settings.lease_ttl
         )
         ran.setdefault(job.id, None)
@@ -167,23 +166,23 @@ def _promote(
             )
 
         dialect.run_in_transaction(make_due)
-    while promote_due(dialect, batch=settings.reclaim_batch):
+    while workflows.promote_due(dialect, batch=settings.reclaim_batch):
         pass
 
 
 def _run_handler(
-    dialect: Dialect, settings: JobQueueSettings, flight: execution.InFlight
-) -> execution.Outcome | None:
-    """Run the handler as a worker thread would (`execution.run`), in this thread.
+    dialect: Dialect, settings: JobQueueSettings, flight: attempts.InFlight
+) -> attempts.Outcome | None:
+    """Run the handler as a worker thread would (`attempts.run`), in this thread.
 
     Inside a transaction, the attempt runs in a savepoint that is rolled back when the
     handler failed with a database error: on PostgreSQL the test's transaction would be
     unusable otherwise. Its other writes are kept, as a worker's (autocommit) would be.
     """
     if not dialect.connection.in_atomic_block:
-        return execution.run(dialect, settings, flight)
+        return attempts.run(dialect, settings, flight)
     with transaction.atomic(using=dialect.using):
-        outcome = execution.run(dialect, settings, flight)
+        outcome = attempts.run(dialect, settings, flight)
         if outcome is not None and _database_error(outcome.error):
             # Rolled back to the savepoint when the block exits: as Django's atomic blocks
             # do, also when the handler left the transaction marked for rollback.
@@ -203,7 +202,7 @@ def _database_error(error: BaseException | None) -> bool:
 
 
 def _record(
-    dialect: Dialect, settings: JobQueueSettings, owner: str, outcome: execution.Outcome
+    dialect: Dialect, settings: JobQueueSettings, owner: str, outcome: attempts.Outcome
 ) -> None:
     """Write an attempt's outcome as the worker's completer does (`outcomes.record`)."""
     if outcomes.record(dialect, settings, owner, [outcome]):

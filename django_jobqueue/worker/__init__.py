@@ -8,7 +8,8 @@
 - the reclaimer (`reclaimer`): leases of workers that are gone;
 - the closer (`closer`): containers left open past OPEN_CONTAINER_TIMEOUT;
 - with --burst, `burst`: what is left to do before the worker exits;
-- the scheduler (`scheduler`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule slots;
+- the schedule runner (`schedule_runner`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule
+  slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
 - the listener (`listener`, PostgreSQL): push wake-up.
 
@@ -31,11 +32,11 @@ from types import FrameType
 
 from django.db import DatabaseError, InterfaceError
 
+from .. import attempts, leases, schedules, wake
 from .. import conf as conf_module
-from .. import execution, leases, schedules, wake
+from ..attempts import InFlight
 from ..dialects import get_dialect
-from ..execution import InFlight
-from ..scheduling import Scheduler
+from ..fairshare import FairShare
 from . import naming
 from .burst import BurstCheck
 from .closer import Closer
@@ -51,7 +52,7 @@ from .maintainer import Maintainer
 from .promoter import Promoter
 from .pruner import Pruner
 from .reclaimer import Reclaimer
-from .scheduler import ScheduleRunner
+from .schedule_runner import ScheduleRunner
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class JobWorker:
         self.max_jobs = opts.max_jobs
         self.worker_id = opts.worker_id or default_worker_id()
         self.dialect = get_dialect(conf.database)
-        self.scheduler = Scheduler(conf)
+        self.fair_share = FairShare(conf)
         self.schedules = schedules.configured()  # ImproperlyConfigured before any start
         self.flights = Flights()
         self.exit_code = EXIT_OK
@@ -189,7 +190,7 @@ class JobWorker:
             on_beat=self.on_beat,
         )
         heartbeat.register()
-        self.scheduler.ensure_limit_rows(dialect.using)
+        self.fair_share.ensure_limit_rows(dialect.using)
         completer = Completer(
             dialect,
             conf=conf,
@@ -199,14 +200,14 @@ class JobWorker:
             on_empty=wake.wake_up,  # --burst and --max-jobs wait for this
         )
         executor = Executor(
-            lambda flight: execution.run(dialect, conf, flight),
+            lambda flight: attempts.run(dialect, conf, flight),
             self.concurrency,
             on_outcome=completer.submit,
             on_idle=self._on_idle,
             alias=dialect.using,
             on_no_connection=self._hand_back,
-            start_async=lambda flight: execution.start_async(dialect, conf, flight),
-            is_async=lambda flight: execution.is_async(flight.job),
+            start_async=lambda flight: attempts.start_async(dialect, conf, flight),
+            is_async=lambda flight: attempts.is_async(flight.job),
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,
@@ -218,7 +219,7 @@ class JobWorker:
             lock_timeout=lock_timeout,
             poll_interval=self.poll_interval,
             max_abandoned_threads=conf.max_abandoned_threads,
-            scheduler=self.scheduler,
+            fair_share=self.fair_share,
             flights=self.flights,
             executor=executor,
             submit_outcome=completer.submit,

@@ -21,7 +21,8 @@ from django.db import DatabaseError, InterfaceError
 
 from ..dialects import Dialect
 from ..models import Job
-from .promoter import Promoter, any_due, promote_due
+from ..workflows import promote_due
+from .promoter import Promoter, any_due
 from .reclaimer import Reclaimer, any_reclaimable
 
 logger = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from django.db import connections
 
 from .. import outcomes
+from ..attempts import Outcome
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
-from ..execution import Outcome
 from .duty import Duty
 from .flights import Flights
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import leases, wake
+from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
 from ..exceptions import JobTimeout
-from ..execution import InFlight, Outcome
-from ..scheduling import Scheduler
+from ..fairshare import FairShare
 from .executor import Executor
 from .flights import Flights
 
@@ -55,7 +55,7 @@ class Dispatcher:
         lock_timeout: float,
         poll_interval: float,
         max_abandoned_threads: int,
-        scheduler: Scheduler,
+        fair_share: FairShare,
         flights: Flights,
         executor: Executor,
         submit_outcome: Callable[[Outcome], None],
@@ -71,7 +71,7 @@ class Dispatcher:
         self.lock_timeout = lock_timeout
         self.poll_interval = poll_interval
         self.max_abandoned_threads = max_abandoned_threads
-        self.scheduler = scheduler
+        self.fair_share = fair_share
         self.flights = flights
         self.executor = executor
         self.submit_outcome = submit_outcome
@@ -159,9 +159,9 @@ class Dispatcher:
             queues=self.queues,
             limit=room,
             lease_ttl=self.lease_ttl,
-            scheduler=self.scheduler,
+            fair_share=self.fair_share,
         )
-        self.scheduler.note_claimed(len(jobs))
+        self.fair_share.note_claimed(len(jobs))
         now = time.monotonic()
         for job in jobs:
             lease = leases.Lease(job.id, self.owner, job.attempts)
@@ -260,7 +260,7 @@ class Dispatcher:
             self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
         wait *= random.uniform(0.8, 1.2)  # jitter spreads idle workers
         now = time.monotonic()
-        retry_at = self.scheduler.rate_limits.retry_at
+        retry_at = self.fair_share.rate_limits.retry_at
         if retry_at is not None:  # a rate limit held work back: look again when it has room
             wait = min(wait, max(0.0, retry_at - now))
         deadlines = [f.deadline for f in self.flights.snapshot() if f.deadline is not None]

@@ -24,7 +24,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..execution import InFlight, Outcome
+from ..attempts import InFlight, Outcome
 from .eventloop import EventLoop
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ..execution import InFlight
+from ..attempts import InFlight
 from ..leases import Lease
 
 

@@ -46,7 +46,7 @@ class WakeListener(Duty):
 
     def tick(self) -> float | None:
         if self._listener is None:
-            self._listener = self.dialect.listener()  # type: ignore[attr-defined]
+            self._listener = self.dialect.listen()  # type: ignore[attr-defined]
             self.listening = True
             self.on_notify()  # notifications may have been missed while not listening
         payloads = self._listener.wait(timeout=1.0)

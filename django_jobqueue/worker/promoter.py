@@ -10,32 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from .. import workflows
 from ..dialects import Dialect
 from ..dialects.functions import DbNow
 from ..models import Job
+from ..workflows import promote_due
 from .duty import Duty
 
 logger = logging.getLogger(__name__)
-
-
-def promote_due(dialect: Dialect, *, batch: int) -> int:
-    """Make up to `batch` due scheduled jobs `ready`, earliest first; return how many."""
-
-    def txn() -> int:
-        jobs = Job.objects.using(dialect.using)
-        due = list(
-            dialect.lock(jobs.due().order_by("run_after", "pk")).values_list("pk", "queue")[:batch]
-        )
-        if not due:
-            return 0
-        promoted = jobs.filter(pk__in=[pk for pk, _ in due], state=Job.State.SCHEDULED).update(
-            state=Job.State.READY, updated_at=DbNow()
-        )
-        workflows.notify_on_commit(dialect, {queue for _, queue in due})
-        return promoted
-
-    return dialect.run_in_transaction(txn)
 
 
 def any_due(dialect: Dialect, queues: list[str]) -> bool:

@@ -18,13 +18,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import leases, registry, signals, validation, wake
-from .claimed import ClaimedJob
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
 from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
+from .records import ClaimedJob
 
-logger = logging.getLogger(__name__)
+# The module's name before it was renamed: users configure their logging by logger name.
+logger = logging.getLogger("django_jobqueue.execution")
 
 
 @dataclasses.dataclass(eq=False)

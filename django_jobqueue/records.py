@@ -1,7 +1,9 @@
-"""ClaimedJob: what a claim returns, light enough for the worker's hot path."""
+"""The plain records the lease transitions hand back: what a claim returns (ClaimedJob, light
+enough for the worker's hot path) and what a batched finish did (Finished, FinishReport)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,3 +86,25 @@ class ClaimedJob:
 
     def __repr__(self) -> str:
         return f"<ClaimedJob {self.type} #{self.id} attempt {self.attempts}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """One row a batched finish wrote: its final state and what the graph must do about it."""
+
+    job_id: int
+    state: str  # "done", or "cancelled" when cancellation was requested while it ran
+    parent_id: int | None
+    has_dependents: bool
+
+
+@dataclasses.dataclass
+class FinishReport:
+    """What a batched finish did with each (job id, attempt) it was given."""
+
+    finished: list[Finished] = dataclasses.field(default_factory=list)
+    busy: list[int] = dataclasses.field(default_factory=list)  # row locked elsewhere: try again
+    lost: list[int] = dataclasses.field(default_factory=list)  # lease no longer ours
+    # (job id, state) finished by this very lease before: an earlier write of the batch was
+    # committed but its reply was lost. Recorded already, the graph has reacted already.
+    recorded: list[tuple[int, str]] = dataclasses.field(default_factory=list)

@@ -23,7 +23,8 @@ from ..models import Job, ScheduleState
 from ..schedules import Clock, Schedule
 from .duty import Duty
 
-logger = logging.getLogger(__name__)
+# The module's name before it was renamed: users configure their logging by logger name.
+logger = logging.getLogger("django_jobqueue.worker.scheduler")
 
 
 def ensure_states(dialect: Dialect, schedules: list[Schedule], now: dt.datetime) -> None:

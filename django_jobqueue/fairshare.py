@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .conf import JobQueueSettings
     from .dialects import Dialect
 
-logger = logging.getLogger(__name__)
+# The module's name before it was renamed: users configure their logging by logger name.
+logger = logging.getLogger("django_jobqueue.scheduling")
 _rng = random.Random()
 DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
 # The view of the ready groups is refreshed after at least this many times the time its read
@@ -97,7 +98,7 @@ def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> 
     return max(0, min(caps) - in_flight) if caps else None
 
 
-class Scheduler:
+class FairShare:
     """Chooses, inside a claim transaction, which ready jobs this worker takes.
 
     It keeps a view of the groups with ready work, refreshed at most every
