@@ -106,16 +106,20 @@ def _retry_delay(delay: object) -> float:
     return seconds
 
 
+def in_datetime_range(value: dt.datetime, low: dt.datetime, high: dt.datetime) -> bool:
+    """Whether the aware datetime `value` is in [low, high) (not when its offset overflows)."""
+    try:
+        return low <= value < high
+    except OverflowError:  # an offset that pushes it past Python's own range
+        return False
+
+
 def _check_retry_at(at: object) -> None:
     if not isinstance(at, dt.datetime):
         raise TypeError(f"Retry at must be an aware datetime, not {type(at).__name__} {at!r}.")
     if at.utcoffset() is None:
         raise ValueError("Retry at must be a timezone-aware datetime, not a naive one.")
-    try:
-        in_range = RETRY_AT_MIN <= at < RETRY_AT_MAX
-    except OverflowError:  # an offset that pushes it past Python's own range
-        in_range = False
-    if not in_range:
+    if not in_datetime_range(at, RETRY_AT_MIN, RETRY_AT_MAX):
         raise ValueError(
             f"Retry at must be from {RETRY_AT_MIN:%Y-%m-%d} to before {RETRY_AT_MAX:%Y-%m-%d} "
             f"(UTC), not {at.isoformat()}."

@@ -17,6 +17,7 @@ from .exceptions import (
     RETRY_DELAY_MAX,
     InvalidArgumentsError,
     InvalidJobError,
+    in_datetime_range,
 )
 
 # The integer columns (weight, priority, max_attempts) are 32-bit on PostgreSQL and MySQL.
@@ -219,11 +220,7 @@ def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
         raise InvalidJobError(f"run_after must be a datetime or a timedelta, not {value!r}.")
     if timezone.is_naive(value):
         raise InvalidJobError("run_after must be a timezone-aware datetime.")
-    try:
-        in_range = RUN_AFTER_MIN <= value < RUN_AFTER_MAX
-    except OverflowError:  # an offset that pushes it past Python's own range
-        in_range = False
-    if not in_range:
+    if not in_datetime_range(value, RUN_AFTER_MIN, RUN_AFTER_MAX):
         raise InvalidJobError(
             f"run_after must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
             f"{RUN_AFTER_MAX:%Y-%m-%d} (UTC), not {value.isoformat()}."

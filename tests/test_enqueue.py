@@ -484,3 +484,42 @@ def test_tasks_backend_writes_at_once_when_the_transaction_is_elsewhere(other_db
         assert result.id != "None"
         raise Rollback
     assert Job.objects.filter(pk=int(result.id)).exists()  # not tied to the other database
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_insert_keeps_each_rows_own_values() -> None:
+    """Columns that all rows share travel once; the others per row: each row reads back right."""
+    when = dt.datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=dt.UTC)
+    plain = jobqueue.enqueue_many(
+        [("test.noop", {}), ("test.add", {"a": 1, "b": 2}), ("test.noop", None)]
+    )
+    assert [
+        (j.type, j.args, j.state)
+        for j in Job.objects.filter(pk__in=[p.pk for p in plain]).order_by("pk")
+    ] == [
+        ("test.noop", {}, "ready"),
+        ("test.add", {"a": 1, "b": 2}, "ready"),
+        ("test.noop", {}, "ready"),
+    ]
+    mixed = jobqueue.enqueue_many(
+        [
+            {"type": "test.noop", "priority": 5, "queue": "q1", "run_after": when},
+            {"type": "test.add", "args": {"a": 3, "b": 4}, "group": "g", "weight": 3},
+            {"type": "test.noop", "timeout": 2.5, "max_attempts": 7},
+        ]
+    )
+    rows = {j.pk: j for j in Job.objects.filter(pk__in=[m.pk for m in mixed])}
+    first, second, third = (rows[m.pk] for m in mixed)
+    assert (first.priority, first.queue, first.run_after, first.state) == (
+        5,
+        "q1",
+        when,
+        "scheduled",
+    )
+    assert (second.args, second.group_key, second.weight, second.priority) == (
+        {"a": 3, "b": 4},
+        "g",
+        3,
+        0,
+    )
+    assert (third.timeout, third.max_attempts, third.queue) == (2.5, 7, "default")

@@ -8,13 +8,16 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import ROOT, poll
+from tests.extra_databases import sqlite_alias
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -77,3 +80,40 @@ def test_producer_processes_enqueue_beside_two_workers_without_a_failure(start_w
     print(f"enqueue p99 {p99 * 1000:.0f} ms over {total} enqueues")  # shown with -s
     for worker in workers:
         assert worker.stop() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_container_waits_for_sqlites_write_lock_instead_of_failing(tmp_path: Path) -> None:
+    """Fix: container() ran in a plain (DEFERRED on SQLite) transaction: it read the parent,
+    then failed with 'database is locked' when another writer committed meanwhile, instead of
+    starting with BEGIN IMMEDIATE (and retrying) like every other write."""
+    import sqlite3
+    import threading
+    import time as time_module
+
+    path = tmp_path / "queue.sqlite3"
+    with (
+        sqlite_alias("deferred_queue", path, migrate=True) as alias,
+        override_settings(JOBQUEUE={"DATABASE": alias}),
+    ):
+        outer = Job.objects.using(alias).create(
+            type="outer", is_container=True, sealed=False, state=Job.State.WAITING
+        )
+        holding = threading.Event()
+
+        def write_meanwhile() -> None:
+            other = sqlite3.connect(path, timeout=10)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("UPDATE django_jobqueue_job SET priority = 1 WHERE id = ?", (outer.pk,))
+            holding.set()
+            time_module.sleep(0.5)
+            other.commit()
+            other.close()
+
+        thread = threading.Thread(target=write_meanwhile)
+        thread.start()
+        assert holding.wait(10)
+        with jobqueue.container("inner", parent=outer) as inner:
+            pass
+        thread.join(10)
+        assert Job.objects.using(alias).get(pk=inner.pk).parent_id == outer.pk

@@ -505,3 +505,23 @@ def test_backport_tasks_run_through_our_backend_and_worker():
     through_backport = django_tasks.task_backends["default"].get_result(result.id)
     assert through_backport.return_value == "HELLO"
     assert through_backport.status == django_tasks.TaskResultStatus.SUCCESSFUL
+
+
+# -- the Tasks backend reads results without importing what a row names ------------------------
+
+
+@pytest.mark.django_db
+def test_get_result_of_a_forged_row_imports_nothing() -> None:
+    backends = pytest.importorskip("django_jobqueue.backends")
+    if not backends.HAS_TASKS:
+        pytest.skip("django.tasks needs Django 6.0+")
+    from django.tasks import task_backends
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    forged = Job.objects.create(
+        type=backends.task_key("default", "tests.unlisted_tasks.side_effect")
+    )
+    assert "tests.unlisted_tasks" not in sys.modules
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(str(forged.pk))
+    assert "tests.unlisted_tasks" not in sys.modules
