@@ -16,7 +16,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, JobDependency
-from tests.conftest import SKIPPED_BEAT, TROUBLE, WorkerProcess
+from tests.conftest import SKIPPED_BEAT, TROUBLE, WorkerProcess, poll
 from tests.testapp.models import RunRecord
 
 LEASE_EXPIRED = "django_jobqueue.exceptions.LeaseExpired"
@@ -166,6 +166,10 @@ class Supervisor:
         A worker still running after `timeout` seconds is stuck: it is made to print the stack
         of each thread (SIGABRT with faulthandler on), and the test fails showing them.
         """
+        # A worker restarted moments ago may not have installed its signal handlers yet (they
+        # come before it registers): SIGTERM would kill it outright, as it would any process.
+        for worker in self.workers:
+            poll(lambda w=worker: not w.running() or w.row() is not None, timeout=timeout)
         for worker in self.workers:
             if worker.running():
                 worker.signal(signal.SIGTERM)
