@@ -33,6 +33,13 @@ from .flights import Flights
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+# Outcomes that arrive one at a time (jobs of some milliseconds, threads freeing one by one)
+# would each cost a transaction and its commit's WAL flush. After the first outcome of a
+# batch the completer waits for more, as long as four gaps between recent arrivals, at most
+# GATHER_MAX seconds: it then writes several outcomes in one transaction. Outcomes further
+# apart than GATHER_MAX (long jobs) are written at once.
+GATHER_MAX = 0.01
+GATHER_GAPS = 4
 
 
 class Completer(Duty):
@@ -66,10 +73,24 @@ class Completer(Duty):
         self._pending: list[Outcome] = []
         self._writing = 0  # outcomes of the write in progress (out of `_pending` meanwhile)
         self._busy_until = 0.0
+        self._last_arrival: float | None = None
+        self.gap: float | None = None  # seconds between submitted outcomes, recent average
 
     def submit(self, outcome: Outcome) -> None:
         """Queue `outcome` for writing (from any thread)."""
+        now = time.monotonic()
+        last, self._last_arrival = self._last_arrival, now
+        if last is not None:  # unlocked: a lost update of an average costs nothing
+            gap = self.gap
+            self.gap = now - last if gap is None else gap + 0.1 * (now - last - gap)
         self._queue.put(outcome)
+
+    def gather_window(self) -> float:
+        """Seconds to wait for more outcomes after the first of a batch (0: write at once)."""
+        gap = self.gap
+        if gap is None or gap > GATHER_MAX / 2:
+            return 0.0  # outcomes too far apart for a wait to gather more than one
+        return min(GATHER_MAX, gap * GATHER_GAPS)
 
     def backlog(self) -> int:
         """Outcomes not written yet (about: a stop marker may count as one)."""
@@ -84,6 +105,7 @@ class Completer(Duty):
                     if outcome is None:  # stop(): everything before it was written
                         return
                     self._pending.append(outcome)
+                    self._gather()
                 self._drain_queue()
                 try:
                     self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
@@ -108,6 +130,22 @@ class Completer(Duty):
         while len(self._pending) < MAX_BATCH:
             try:
                 outcome = self._queue.get_nowait()
+            except queue_module.Empty:
+                return
+            if outcome is None:
+                self._queue.put(None)  # stop once the pending ones are written
+                return
+            self._pending.append(outcome)
+
+    def _gather(self) -> None:
+        """Wait up to the gather window for more outcomes to write with the first."""
+        window = self.gather_window()
+        if not window:
+            return
+        deadline = time.monotonic() + window
+        while len(self._pending) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
+            try:
+                outcome = self._queue.get(timeout=left)
             except queue_module.Empty:
                 return
             if outcome is None:
