@@ -48,6 +48,9 @@ __all__ = [
 # fail() could not lock the job's row (another transaction holds it): try again later.
 BUSY = "busy"
 
+# The states a failed attempt leaves its job in (a `scheduled` one may be `ready` since).
+FAILED_ATTEMPT_STATES = (*Job.RUNNABLE_STATES, *Job.FAILED_STATES)
+
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
@@ -283,10 +286,23 @@ def fail(
     A job whose cancellation was requested ends `cancelled` instead. Returns the new state,
     None when the lease is no longer current, or BUSY when another transaction holds the row
     locked (nothing is written; try again). The error history is read from the row under its
-    lock.
+    lock. Written again after a COMMIT whose reply was lost, it writes nothing and returns
+    the state the committed write left (see `_failed_earlier`).
     """
+    delay = retry_in or 0.0
+    # Due at once: `ready` now. Otherwise `scheduled`, out of the ready index until the
+    # promoter finds it due (a retry_at already past is promoted at once).
+    if dead:
+        planned = Job.State.DEAD
+    elif retry_at is None and delay <= 0:
+        planned = Job.State.READY
+    else:
+        planned = Job.State.SCHEDULED
+    earlier = False
 
     def txn() -> str | None:
+        nonlocal earlier
+        earlier = False  # a retried transaction starts over
         jobs = Job.objects.using(dialect.using)
         # Lock the row first (an UPDATE that matches nothing locks nothing, so a cancel()
         # committing between the two UPDATEs below would be lost), skipping it if locked.
@@ -296,11 +312,15 @@ def fail(
             .first()
         )
         if row is None:
-            return BUSY if _held_elsewhere(dialect, lease) else None
+            if _held_elsewhere(dialect, lease):
+                return BUSY
+            state = _failed_earlier(dialect, lease, error, planned)
+            earlier = state is not None
+            return state
         history, cancel_requested, has_dependents = row
         errors = with_error(history, error)
         if cancel_requested or dead:
-            state = Job.State.CANCELLED if cancel_requested else Job.State.DEAD
+            state = Job.State.CANCELLED if cancel_requested else planned
             jobs.filter(lease.q()).update(
                 **workflows.terminal_values(state, last_error=error, errors=errors)
             )
@@ -308,13 +328,9 @@ def fail(
                 dialect, lease.job_id, state, parent_id, has_dependents=has_dependents
             )
             return str(state)
-        delay = retry_in or 0.0
         run_after = retry_at if retry_at is not None else DbNow() + seconds(delay)
-        # Due at once: `ready` now. Otherwise `scheduled`, out of the ready index until the
-        # promoter finds it due (a retry_at already past is promoted at once).
-        state = Job.State.READY if retry_at is None and delay <= 0 else Job.State.SCHEDULED
         jobs.filter(lease.q()).update(
-            state=state,
+            state=planned,
             run_after=run_after,
             lease_owner=None,
             lease_expires=None,
@@ -322,12 +338,48 @@ def fail(
             errors=errors,
             updated_at=DbNow(),
         )
-        if state == Job.State.READY:
+        if planned == Job.State.READY:
             queue = jobs.filter(pk=lease.job_id).values_list("queue", flat=True).get()
             workflows.notify_on_commit(dialect, queue)
-        return str(state)
+        return str(planned)
 
-    return dialect.run_in_transaction(txn)
+    state = dialect.run_in_transaction(txn)
+    if earlier:
+        logger.info(
+            "The failure of job id=%s was recorded %s by an earlier write", lease.job_id, state
+        )
+    return state
+
+
+def _failed_earlier(
+    dialect: Dialect, lease: Lease, error: dict[str, Any], planned: str
+) -> str | None:
+    """Return the state an earlier, committed fail() of `lease` with `error` left, or None.
+
+    A write whose COMMIT went through but whose reply was lost (the connection dropped) is
+    written again, and finds the lease gone: the row tells whether it was its own write. The
+    lease's claim is still the last one (`attempts` is its number and its owner is last in
+    `worker_ids`: a later claim bumps the one and appends to the other) and the last error is
+    `error`, which names the attempt (a reclaim of the attempt records a LeaseExpired, also
+    when a later claim was released and took its bump back). Dialect.finished_by decides
+    the same for finishes. The state told is the one written (a promoter may have made a
+    `scheduled` job `ready` since), or `cancelled` if the job is now: cancelled before the
+    write or after it, that is the job's fate either way.
+    """
+    row = (
+        Job.objects.using(dialect.using)
+        .filter(pk=lease.job_id, state__in=FAILED_ATTEMPT_STATES)
+        .values_list("state", "attempts", "worker_ids", "last_error")
+        .first()
+    )
+    if row is None:
+        return None
+    state, attempts, worker_ids, last_error = row
+    if attempts != lease.attempt or not worker_ids or worker_ids[-1] != lease.owner:
+        return None
+    if last_error != error:
+        return None
+    return str(Job.State.CANCELLED if state == Job.State.CANCELLED else planned)
 
 
 def _held_elsewhere(dialect: Dialect, lease: Lease) -> bool:

@@ -8,6 +8,7 @@ from django.db import connection
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import WorkerProcess, poll, wait_for_job
+from tests.connection_support import refusable_account
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -84,6 +85,16 @@ def test_worker_survives_losing_its_connections_twice_under_load(start_worker):
     assert worker.stop() == 0
 
 
+def start_failure(tmp_path, url: str) -> tuple[int, list[str]]:
+    """Start a worker on `url`; return its exit status and the lines it printed."""
+    worker = WorkerProcess([], tmp_path / "worker.log", env={"DATABASE_URL": url})
+    try:
+        code = worker.wait(timeout=120)
+        return code, [line for line in worker.output().splitlines() if line.strip()]
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize(
     "url",
     ["postgres://postgres@127.0.0.1:1/jobqueue", "mysql://root@127.0.0.1:1/jobqueue"],
@@ -91,13 +102,21 @@ def test_worker_survives_losing_its_connections_twice_under_load(start_worker):
 )
 def test_worker_that_cannot_connect_at_start_exits_with_one_line(tmp_path, url):
     """It used to exit with a traceback; now one line says why, and the exit is non-zero."""
-    worker = WorkerProcess([], tmp_path / "worker.log", env={"DATABASE_URL": url})
-    try:
-        code = worker.wait(timeout=120)
-        lines = [line for line in worker.output().splitlines() if line.strip()]
-    finally:
-        worker.close()
+    code, lines = start_failure(tmp_path, url)
     assert code != 0
     assert len(lines) == 1, lines
     assert lines[0].startswith("CommandError: Cannot connect to database 'default': ")
     assert "Traceback" not in lines[0]
+
+
+def test_worker_whose_account_the_server_refuses_at_start_exits_with_one_line(tmp_path):
+    """The server answers and turns the account away, as when no connection slot is left,
+    rather than nothing listening on the port. PostgreSQL's refusal is a role's CONNECTION
+    LIMIT 0, MariaDB's a user's MAX_USER_CONNECTIONS -1 (see `connection_support`)."""
+    with refusable_account() as account:
+        account.refuse()
+        code, lines = start_failure(tmp_path, account.url)
+    assert code == 1
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("CommandError: Cannot connect to database 'default': ")
+    assert account.name in lines[0]  # the server's refusal, which names the account

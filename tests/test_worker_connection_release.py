@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
-from tests.conftest import assert_clean_log, poll, wait_for_job
+from tests.conftest import WorkerProcess, assert_clean_log, poll, wait_for_job
+from tests.connection_support import Account, refusable_account
 from tests.test_worker_connection import other_sessions
 
 pytestmark = [
@@ -45,59 +44,70 @@ def test_idle_worker_closes_its_handler_threads_connections(start_worker):
 
 
 @pytest.fixture
-def limited_role() -> Iterator[str]:
-    """A login role on the test database whose new connections the test can refuse."""
-    name = f"jq_limited_{os.getpid()}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE ROLE "{name}" LOGIN')
-        cursor.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{name}"')
-        cursor.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{name}"')
-    try:
-        yield name
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                [name],
-            )
-            cursor.execute(f'DROP OWNED BY "{name}"')
-            cursor.execute(f'DROP ROLE "{name}"')
+def account() -> Iterator[Account]:
+    """An account the server can be made to refuse; ask for it before `start_worker`, so that
+    the workers are gone before it is dropped."""
+    with refusable_account() as account:
+        yield account
 
 
-def role_sessions(role: str) -> list[str]:
-    """The last statement of each session of `role` on the test database."""
+def last_statements(account: Account) -> list[str]:
+    """The last statement of each PostgreSQL session of `account`."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT query FROM pg_stat_activity WHERE usename = %s AND datname = "
             "current_database()",
-            [role],
+            [account.name],
         )
         return [row[0] for row in cursor.fetchall()]
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql",
-    reason="needs a per-role connection limit that spares open sessions (PostgreSQL's "
-    "CONNECTION LIMIT); MariaDB's per-account limits were not relied on",
-)
-def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt(
-    start_worker, limited_role
-):
-    url = urlsplit(os.environ["DATABASE_URL"])
-    as_role = urlunsplit(url._replace(netloc=f"{limited_role}@{url.hostname}:{url.port}"))
-    worker = start_worker("--concurrency", "2", env={"DATABASE_URL": as_role})
-    worker.wait_registered()
-    # The duties are connected (the dispatcher has claimed); the handler threads, lazily
-    # connected, are not: no job has run.
-    poll(lambda: any(q.startswith("WITH c (id) AS") for q in role_sessions(limited_role)))
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER ROLE "{limited_role}" CONNECTION LIMIT 0')
+def handed_back(worker: WorkerProcess, account: Account) -> Job:
+    """Enqueue a job while `account` is refused; return it once the worker handed it back."""
+    account.refuse()
     try:
         job = jobqueue.enqueue("conn.session")
         poll(lambda: "handed 1 job(s) back without charging an attempt" in worker.output())
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f'ALTER ROLE "{limited_role}" CONNECTION LIMIT -1')
+        account.allow()
+    return job
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="needs each idle session's last statement (pg_stat_activity); MariaDB's own "
+    "version follows",
+)
+def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt(account, start_worker):
+    worker = start_worker("--concurrency", "2", env={"DATABASE_URL": account.url})
+    worker.wait_registered()
+    # The duties are connected (the dispatcher has claimed); the handler threads, lazily
+    # connected, are not: no job has run.
+    poll(lambda: any(q.startswith("WITH c (id) AS") for q in last_statements(account)))
+    job = handed_back(worker, account)
+    done = wait_for_job(job.pk, *FINAL, timeout=120)
+    assert done.state == "done", done.last_error
+    assert done.attempts == 1  # the refused connections cost none
+    assert done.errors == []
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's version of the test above")
+def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt_on_mariadb(
+    account, start_worker
+):
+    """As on PostgreSQL, with two differences. The account is refused by MAX_USER_CONNECTIONS
+    -1 (see `connection_support`). And MariaDB shows no idle session's last statement, so the
+    sign that the duties are connected is a first job run to the end; the thread that ran it
+    closes its connection once idle (executor.IDLE_CLOSE) before the server refuses, so the
+    next job's thread must connect, whichever thread it is."""
+    worker = start_worker("--concurrency", "2", env={"DATABASE_URL": account.url})
+    worker.wait_registered()
+    first = wait_for_job(jobqueue.enqueue("conn.session").pk, *FINAL, timeout=120)
+    assert first.state == "done", first.last_error
+    poll(lambda: first.result not in account.sessions(), timeout=120)
+    job = handed_back(worker, account)
     done = wait_for_job(job.pk, *FINAL, timeout=120)
     assert done.state == "done", done.last_error
     assert done.attempts == 1  # the refused connections cost none
