@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 # Prefetched jobs must start within about this many seconds: prefetch is sized from the
 # recent handler duration, so long jobs are never claimed ahead of a free thread.
-PREFETCH_HORIZON = 0.005
+PREFETCH_HORIZON = 0.05
 # After it found work, an idle dispatcher polls again this soon, doubling up to POLL_INTERVAL.
 FIRST_IDLE_POLL = 0.05
 # While handler threads cannot connect, claims pause this long, doubling up to the maximum.
