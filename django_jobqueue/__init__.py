@@ -21,6 +21,7 @@ from .exceptions import (
     UnknownHandlerError,
     UnsupportedDatabaseError,
     UpstreamFailed,
+    WaitTimeout,
 )
 from .registry import handler
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .control import cancel, retry
     from .enqueuing import enqueue
+    from .events import send_event
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
     from .schedules import schedule
@@ -55,6 +57,7 @@ __all__ = [
     "UnknownHandlerError",
     "UnsupportedDatabaseError",
     "UpstreamFailed",
+    "WaitTimeout",
     "cancel",
     "container",
     "enqueue",
@@ -64,6 +67,7 @@ __all__ = [
     "record_effect",
     "retry",
     "schedule",
+    "send_event",
 ]
 
 # Loaded on first use: they import the models, which need the app registry, and
@@ -79,6 +83,7 @@ _LAZY = {
     "graph": "graphs",
     "record_effect": "inbox",
     "schedule": "schedules",
+    "send_event": "events",
 }
 
 

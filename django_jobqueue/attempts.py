@@ -48,6 +48,8 @@ class InFlight:
     lease_ttl: float | None = None  # the worker's lease TTL, for JobContext
     # Makes JobContext.renew_lease() for a lease: the heartbeat's, which owns renewal.
     renewer: Callable[[leases.Lease], Callable[[], bool]] | None = None
+    context: JobContext | None = None  # the handler's, if it takes one
+    ignore_delays: bool = False  # durable sleeps return at once (testing.run_jobs)
 
     def settle(self) -> bool:
         """Claim the right to decide this attempt's outcome; False if already taken."""
@@ -130,9 +132,20 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             result = _call(dialect, conf, flight)
         finally:
             flight.leave_handler()
+            _flush_progress(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
         return _failed(flight, exc)
     return _succeeded(flight, result, conf)
+
+
+def _flush_progress(flight: InFlight) -> None:
+    """Write the progress the handler set last, if the throttle held it back."""
+    context = flight.context
+    if context is not None and context._progress.pending is not None:
+        try:
+            context._progress.flush(context)
+        except Exception:  # progress is for display: it never fails an attempt
+            logger.warning("Could not record the progress of job id=%s", flight.job.pk)
 
 
 def is_async(job: ClaimedJob) -> bool:
@@ -309,13 +322,15 @@ def _context(
     """The handler's positional arguments: its JobContext, if it takes one."""
     if not handler.takes_context:
         return ()
-    return (
-        JobContext(
-            flight.job.model(),
-            flight.lease.attempt,
-            flight.lease.owner,
-            flight.lease_ttl or conf.lease_ttl,
-            dialect,
-            _renew=flight.renewer(flight.lease) if flight.renewer else None,
-        ),
+    context = JobContext(
+        flight.job.model(),
+        flight.lease.attempt,
+        flight.lease.owner,
+        flight.lease_ttl or conf.lease_ttl,
+        dialect,
+        _renew=flight.renewer(flight.lease) if flight.renewer else None,
+        _max_result_bytes=conf.max_result_bytes,
+        _ignore_delays=flight.ignore_delays,
     )
+    flight.context = context
+    return (context,)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from .exceptions import Suspend
 from .options import JobOptions
 
 try:
@@ -55,6 +56,41 @@ def task_key(alias: str, module_path: str) -> str:
 
 
 if HAS_TASKS:
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class DurableTaskContext(TaskContext):  # type: ignore[misc,type-arg]
+        """The context of a `takes_context=True` task: Django's, with the durable calls of a
+        handler's JobContext (steps, sleeps, events, children, progress)."""
+
+        job: JobContext
+
+        def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            """See `JobContext.step`."""
+            return self.job.step(name, fn, *args, **kwargs)
+
+        def sleep(self, seconds: float | dt.timedelta) -> None:
+            """See `JobContext.sleep`."""
+            self.job.sleep(seconds)
+
+        def sleep_until(self, when: dt.datetime) -> None:
+            """See `JobContext.sleep_until`."""
+            self.job.sleep_until(when)
+
+        def wait_for_event(self, key: str, timeout: float | dt.timedelta | None = None) -> Any:
+            """See `JobContext.wait_for_event`."""
+            return self.job.wait_for_event(key, timeout)
+
+        def spawn(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> Job:
+            """See `JobContext.spawn`."""
+            return self.job.spawn(type, args, **options)
+
+        def wait_for(self, jobs: Any) -> dict[int, Any]:
+            """See `JobContext.wait_for`."""
+            return self.job.wait_for(jobs)
+
+        def progress(self, current: float, total: float | None = None, message: str = "") -> None:
+            """See `JobContext.progress`."""
+            self.job.progress(current, total, message)
 
     class InvalidTaskArguments(InvalidTask, TypeError):
         """Task arguments that are not JSON-serializable (a TypeError, as Django documents)."""
@@ -315,10 +351,13 @@ if HAS_TASKS:
             task_started.send(type(self.backend), task_result=result)
             try:
                 if self.task.takes_context:
-                    value = self.task.call(TaskContext(task_result=result), *args, **kwargs)
+                    context = DurableTaskContext(task_result=result, job=ctx)
+                    value = self.task.call(context, *args, **kwargs)
                 else:
                     value = self.task.call(*args, **kwargs)
                 value = normalize_json(value)
+            except Suspend:
+                raise  # a durable sleep or wait: the task resumes later, it did not fail
             except BaseException as exc:
                 cls = type(exc)
                 from traceback import format_exception

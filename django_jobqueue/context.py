@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import datetime as dt
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from . import durable
 from .leases import Lease, renew_leases
 from .models import Job
 
@@ -35,6 +37,20 @@ class JobContext:
     lease_ttl: float
     _dialect: Dialect = dataclasses.field(repr=False)
     _renew: Callable[[], bool] | None = dataclasses.field(default=None, repr=False)
+    # Durable calls (see durable.py): the largest step result, and whether sleeps return at
+    # once (testing.run_jobs with ignore_delays).
+    _max_result_bytes: int | None = dataclasses.field(default=None, repr=False)
+    _ignore_delays: bool = dataclasses.field(default=False, repr=False)
+    _calls: durable.Calls = dataclasses.field(init=False, repr=False)
+    _progress: durable.Progress = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._calls = durable.Calls(self._dialect, self.job_id)
+        self._progress = durable.Progress()
+
+    @property
+    def _lease(self) -> Lease:
+        return Lease(self.job_id, self.worker_id, self.attempt)
 
     @property
     def job_id(self) -> int:
@@ -68,3 +84,58 @@ class JobContext:
             return self._renew()
         lease = Lease(self.job_id, self.worker_id, self.attempt)
         return renew_leases(self._dialect, [lease], self.lease_ttl, check=True) == 1
+
+    # -- durable calls: kept across the runs of the job (see the how-to on long jobs) ------------
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call `fn(*args, **kwargs)` once for this job, and return its result (JSON).
+
+        The result is recorded the moment `fn` returns, in the transaction `fn` ran in (its
+        writes to the job's database and the record commit together), fenced by the job's
+        lease. A later run of the job (a retry, a reclaim, a resume) gets the recorded result
+        back without calling `fn`. The calls of one name in a run are told apart by their
+        order: a step called in a loop keeps one result per call. A step that raises records
+        nothing: the attempt fails as usual and its finished steps stay recorded.
+        """
+        return durable.step(self, name, fn, args, kwargs)
+
+    def sleep(self, seconds: float | dt.timedelta) -> None:
+        """Suspend the job for `seconds`: it holds no lease, no thread and no limit meanwhile.
+
+        The handler stops at this call; the job is `scheduled` until the time has come, then
+        runs again and the call returns at once.
+        """
+        durable.sleep_until(self, None, seconds)
+
+    def sleep_until(self, when: dt.datetime) -> None:
+        """Suspend the job until `when` (an aware datetime), as `sleep()` does."""
+        durable.sleep_until(self, when, None)
+
+    def wait_for_event(self, key: str, timeout: float | dt.timedelta | None = None) -> Any:
+        """Return the payload of event `key` (`jobqueue.send_event`), suspending until it is
+        sent; raise `WaitTimeout` in the resumed handler when `timeout` seconds pass first.
+
+        An event sent before the call is returned at once. The job waits as `waiting`,
+        holding no lease, no thread and no limit.
+        """
+        return durable.wait_for_event(self, key, timeout)
+
+    def spawn(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> Job:
+        """Enqueue a child job of this one and return it; a later run returns the same child.
+
+        Takes enqueue()'s options but `parent`. Whatever waits for this job waits for its
+        children too (recursively): it is done once its handler returned and they are done.
+        """
+        return durable.spawn(self, type, args, options)
+
+    def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:
+        """Return {job id: result} once every one of `jobs` is final, suspending until then.
+
+        Raises `UpstreamFailed` if one ended `dead` or `cancelled`. The job waits as
+        `waiting`, holding no lease, no thread and no limit.
+        """
+        return durable.wait_for(self, jobs)
+
+    def progress(self, current: float, total: float | None = None, message: str = "") -> None:
+        """Record how far the job has got (`Job.progress`), at most about once a second."""
+        self._progress.set(self, current, total, message)

@@ -97,6 +97,35 @@ def enqueue_direct(
     )
 
 
+def spawn_child(parent_id: int, type: str, args: Any, options: dict[str, Any]) -> Job:
+    """Enqueue a child of running job `parent_id` (ctx.spawn), in the caller's transaction.
+
+    The caller holds the parent's lease and its row locked; the parent is marked as having
+    children, so that it waits for them once its handler returns.
+    """
+    depends_on = options.pop("depends_on", ())
+    unknown = sorted(set(options) - JobOptions.names())
+    if unknown:
+        what = (
+            "takes no parent= (the running job is the parent)"
+            if "parent" in unknown
+            else (f"got unknown options {unknown}")
+        )
+        raise InvalidJobError(f"spawn() {what}")
+    job_options = JobOptions(**options)
+    using = conf.get().database
+    Job.objects.using(using).filter(pk=parent_id, has_children=False).update(has_children=True)
+    return _enqueue(
+        type,
+        args,
+        job_options,
+        depends_on=depends_on,
+        parent=parent_id,
+        follow_caller=False,
+        spawning=True,
+    )
+
+
 def _enqueue(
     type: str,
     args: dict[str, Any] | None,
@@ -105,6 +134,7 @@ def _enqueue(
     depends_on: Iterable[JobRef],
     parent: JobRef | None,
     follow_caller: bool,
+    spawning: bool = False,
 ) -> Job:
     using = conf.get().database
     job, delay = _build(type, args, options)
@@ -118,7 +148,7 @@ def _enqueue(
             lambda: _write(job, using, upstream_ids, parent_id, delay), using=other
         )
         return job
-    return _write(job, using, upstream_ids, parent_id, delay)
+    return _write(job, using, upstream_ids, parent_id, delay, spawning=spawning)
 
 
 def _build(
@@ -183,6 +213,8 @@ def _write(
     upstream_ids: list[int],
     parent_id: int | None,
     delay: dt.datetime | dt.timedelta | None,
+    *,
+    spawning: bool = False,
 ) -> Job:
     job.parent_id = parent_id
     runnable = runnable_state(delay)
@@ -205,7 +237,7 @@ def _write(
             """Write the job and its edges; return the holder of its unique key instead."""
             job.pk = None  # a retried attempt inserts afresh
             job._state.adding = True
-            states = _check_refs(using, upstream_ids, parent_id, lock=True)
+            states = _check_refs(using, upstream_ids, parent_id, lock=True, spawning=spawning)
             waiting = any(s != Job.State.DONE for s in states.values())
             job.state = Job.State.WAITING if waiting else runnable
             if job.unique_key is not None:
@@ -324,13 +356,19 @@ def create_container(
 
 
 def _check_refs(
-    using: str, upstream_ids: list[int], parent_id: int | None, *, lock: bool
+    using: str,
+    upstream_ids: list[int],
+    parent_id: int | None,
+    *,
+    lock: bool,
+    spawning: bool = False,
 ) -> dict[int, str]:
     """Return {id: state} of the upstream jobs, raising if a reference is missing or unusable.
 
     With `lock`, the referenced rows stay locked until the transaction ends, so an upstream
     that finishes concurrently sees this job's edge when it promotes its downstream jobs, and
-    a container cannot roll up while a child is being added.
+    a container cannot roll up while a child is being added. `spawning`: the parent is the
+    running job that spawns this one (its lease is the caller's), not a container.
     """
     wanted = set(upstream_ids) | ({parent_id} if parent_id is not None else set())
     if not wanted:
@@ -348,6 +386,8 @@ def _check_refs(
         )
     if parent_id is not None:
         state, box, sealed = found[parent_id]
+        if spawning and state in Job.LEASED_STATES:
+            box = True
         if not box:
             raise InvalidDependencyError(f"parent: job {parent_id} is not a container.")
         if sealed or state in Job.TERMINAL_STATES:

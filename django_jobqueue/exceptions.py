@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
+from typing import Any
 
 
 class JobQueueError(Exception):
@@ -135,7 +137,11 @@ class JobTimeout(JobQueueError):
 
 
 class LeaseLost(JobQueueError):
-    """Reserved, never raised: a lost lease is logged, and JobContext.renew_lease() says False."""
+    """A durable call (a step, a spawn) found its job's lease gone: nothing was recorded."""
+
+
+class WaitTimeout(JobQueueError):
+    """ctx.wait_for_event() gave up: no event was sent within its timeout."""
 
 
 class LeaseExpired(JobQueueError):
@@ -160,3 +166,22 @@ class ResultNotStored(JobQueueError):
 
 class ContainerNotSealed(JobQueueError):
     """A container stayed open (unsealed) too long and was failed; see OPEN_CONTAINER_TIMEOUT."""
+
+
+@dataclasses.dataclass
+class Suspend(BaseException):
+    """Raised by a durable call that must wait: the run stops and the job is suspended.
+
+    A BaseException, so that a handler's `except Exception` does not swallow it. `records`
+    are the JobStep rows (name, seq, result) to write with the suspension.
+    """
+
+    kind: str  # "sleep" (scheduled until `until`), "event" (waiting for `key`), "jobs"
+    until: dt.datetime | None = None
+    key: str | None = None
+    job_ids: list[int] = dataclasses.field(default_factory=list)
+    records: list[tuple[str, int, Any]] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        what = {"sleep": f"sleeping until {self.until}", "event": f"waiting for {self.key!r}"}
+        return what.get(self.kind, f"waiting for jobs {self.job_ids}")

@@ -109,6 +109,11 @@ class Job(models.Model):
     # A sealed container's children that are not final yet; it rolls up when this reaches 0.
     open_children = models.IntegerField(_("open children"), default=0, editable=False)
     sealed = models.BooleanField(_("sealed"), default=False)  # a container takes no more children
+    # Set once the job spawned a child while it ran (ctx.spawn): when its handler returns, it
+    # waits for its children as a sealed container does (see workflows.seal_spawner).
+    has_children = models.BooleanField(_("has children"), default=False, editable=False)
+    # What ctx.progress() last recorded: {"current", "total", "message", "updated_at"}.
+    progress = models.JSONField(_("progress"), null=True, blank=True)
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     cancelled_by = models.ForeignKey(
         "self",
@@ -236,10 +241,15 @@ class Job(models.Model):
 
 
 class JobDependency(models.Model):
-    """An edge of the dependency graph: `job` runs only after `depends_on` is done."""
+    """An edge of the dependency graph: `job` runs only after `depends_on` is done.
+
+    An `awaits` edge (ctx.wait_for) waits for `depends_on` to be final, whatever its state:
+    its failure does not cancel `job`, whose handler learns of it when it resumes.
+    """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upstream_edges")
     depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="downstream_edges")
+    awaits = models.BooleanField(_("awaits"), default=False)
 
     class Meta:
         verbose_name = _("job dependency")
@@ -308,6 +318,73 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return str(self.key)
+
+
+class JobStep(models.Model):
+    """What a durable call of a job's handler returned: a step's result, or a sleep, an event
+    wait or a spawn (names starting with "@"), kept so that a later run returns it again.
+
+    `seq` numbers the calls of one name within a run (1, 2, ...): a step called in a loop has
+    one record per call. Written in the transaction of the step, fenced by the job's lease.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps")
+    name = KeyField(_("name"), max_length=200)
+    seq = models.IntegerField(_("call"), default=1)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    attempt = models.IntegerField(_("attempt"))
+    duration = models.FloatField(_("duration (seconds)"), null=True, blank=True)
+    created_at = models.DateTimeField(_("recorded"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("job step")
+        verbose_name_plural = _("job steps")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name", "seq"], name="jobqueue_step_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.seq} of job {self.job_id}"
+
+
+class JobEvent(models.Model):
+    """An event by key (`send_event`): the first payload sent wins.
+
+    A row with `sent_at` NULL stands for jobs waiting on a key nothing was sent to yet: the
+    sender and a job starting to wait both lock the key's row, so neither misses the other.
+    """
+
+    key = KeyField(_("key"), max_length=255, primary_key=True)
+    payload = models.JSONField(_("payload"), null=True, blank=True)
+    sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("job event")
+        verbose_name_plural = _("job events")
+        indexes = [models.Index(fields=["sent_at"], name="jobqueue_event_sent")]
+
+    def __str__(self) -> str:
+        return str(self.key)
+
+
+class JobWait(models.Model):
+    """A job suspended in `waiting` for an event (ctx.wait_for_event), until `until` at most."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    key = KeyField(_("event key"), max_length=255)
+    until = models.DateTimeField(_("until"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("job wait")
+        verbose_name_plural = _("job waits")
+        indexes = [
+            models.Index(fields=["key"], name="jobqueue_wait_key"),
+            models.Index(fields=["until"], name="jobqueue_wait_until"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} waits for {self.key}"
 
 
 class LiveLease(Job):

@@ -21,7 +21,7 @@ from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_pla
 from .conf import JobQueueSettings
 from .dialects import Dialect
 from .error_records import error_info, error_record, log_text
-from .exceptions import ResultNotStored, Retry
+from .exceptions import ResultNotStored, Retry, Suspend
 
 # The loggers the docs name: what became of each attempt is told by `django_jobqueue.execution`,
 # a result the database refused by the worker's writer, `django_jobqueue.worker.completer`.
@@ -72,9 +72,48 @@ def record(
     done = [o for o in outcomes if o.succeeded]
     busy = _finish(dialect, conf, owner, done, on_recorded, on_refused) if done else []
     for outcome in failed:
-        if not _fail(dialect, conf, outcome, on_recorded, on_refused):
+        if isinstance(outcome.error, Suspend):
+            written = _suspend(dialect, conf, outcome, on_recorded, on_refused)
+        else:
+            written = _fail(dialect, conf, outcome, on_recorded, on_refused)
+        if not written:
             busy.append(outcome)
     return busy
+
+
+def _suspend(
+    dialect: Dialect,
+    conf: JobQueueSettings,
+    outcome: Outcome,
+    on_recorded: Callable[[Outcome, str | None], None],
+    on_refused: Callable[[], None],
+) -> bool:
+    """Write a suspension (a durable sleep or wait); False when its row is busy elsewhere.
+
+    A suspension the database refuses (a record it cannot store) is written as a failure.
+    """
+    how = outcome.error
+    assert isinstance(how, Suspend)
+    try:
+        state = leases.suspend(dialect, outcome.flight.lease, how)
+    except PERMANENT_ERRORS as exc:
+        on_refused()
+        outcome.error = exc
+        return _fail(dialect, conf, outcome, on_recorded, on_refused)
+    if state == leases.BUSY:
+        return False
+    flight = outcome.flight
+    if state is None:
+        log_outcome(outcome, state)
+    elif logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "Job id=%s type=%s attempt=%s suspended (%s): %s",
+            flight.job.pk, flight.job.type, flight.lease.attempt, how, state,
+            extra=log_extra(flight, outcome.duration, state),
+        )  # fmt: skip
+    outcome.flight.recorded = True
+    on_recorded(outcome, state)
+    return True
 
 
 def _finish(

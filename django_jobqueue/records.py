@@ -96,6 +96,7 @@ class Finished:
     state: str  # "done", or "cancelled" when cancellation was requested while it ran
     parent_id: int | None
     has_dependents: bool
+    has_children: bool = False  # it spawned jobs (ctx.spawn): it may have to wait for them
 
 
 @dataclasses.dataclass

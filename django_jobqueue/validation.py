@@ -218,11 +218,41 @@ def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
         return value
     if not isinstance(value, dt.datetime):
         raise InvalidJobError(f"run_after must be a datetime or a timedelta, not {value!r}.")
+    return check_datetime("run_after", value)
+
+
+def check_datetime(name: str, value: Any) -> dt.datetime:
+    """Return `value` if it is an aware datetime from RUN_AFTER_MIN to before RUN_AFTER_MAX."""
+    if not isinstance(value, dt.datetime):
+        raise InvalidJobError(f"{name} must be a datetime, not {value!r}.")
     if timezone.is_naive(value):
-        raise InvalidJobError("run_after must be a timezone-aware datetime.")
+        raise InvalidJobError(f"{name} must be a timezone-aware datetime.")
     if not in_datetime_range(value, RUN_AFTER_MIN, RUN_AFTER_MAX):
         raise InvalidJobError(
-            f"run_after must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
+            f"{name} must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
             f"{RUN_AFTER_MAX:%Y-%m-%d} (UTC), not {value.isoformat()}."
         )
+    return value
+
+
+def check_seconds(name: str, value: Any) -> float:
+    """Return `value` (seconds, or a timedelta) in seconds if it is from 0 to DELAY_MAX."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    number = check_number(name, value)
+    if not 0 <= number <= DELAY_MAX.total_seconds():
+        raise InvalidJobError(f"{name} must be from 0 to {DELAY_MAX.days} days, not {value!r}.")
+    return float(number)
+
+
+def check_number(name: str, value: Any) -> float:
+    """Return `value` if it is a finite int or float (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJobError(f"{name} must be a number, not {value!r}.")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise InvalidJobError(f"{name} must be a finite number, not {value!r}.")
     return value

@@ -12,6 +12,7 @@ duty, burst workers and `testing.run_jobs()` call it).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -24,7 +25,7 @@ from .dialects.base import terminal_columns
 from .dialects.functions import DbNow
 from .error_records import error_record
 from .exceptions import UpstreamFailed
-from .models import Job, JobDependency
+from .models import Job, JobDependency, JobStep
 from .records import Finished
 
 terminal_values = terminal_columns
@@ -60,9 +61,11 @@ def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
     done = [f.job_id for f in finished if f.state == Job.State.DONE and f.has_dependents]
     if done:
         promote_downstream(dialect, done)
-    for f in finished:
-        if f.state != Job.State.DONE and f.has_dependents:
-            cancel_downstream(dialect, f.job_id, f.state)
+    failed = [f for f in finished if f.state != Job.State.DONE and f.has_dependents]
+    for f in failed:
+        cancel_downstream(dialect, f.job_id, f.state)
+    if failed:  # jobs that wait for them to be final, whatever their state (ctx.wait_for)
+        promote_downstream(dialect, [f.job_id for f in failed])
     parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
     for parent_id in sorted(parents):
         roll_up(dialect, parent_id, finished=parents[parent_id])
@@ -86,6 +89,33 @@ def promote_downstream(dialect: Dialect, upstream_ids: int | list[int]) -> None:
         ).order_by("pk")
     )
     promote(dialect, list(waiting.values_list("pk", flat=True)))
+
+
+def lock_jobs(dialect: Dialect, ids: Iterable[int]) -> None:
+    """Lock the rows of jobs `ids`, in id order, until the transaction ends."""
+    list(
+        dialect.lock_blocking(
+            Job.objects.using(dialect.using).filter(pk__in=sorted(set(ids))).order_by("pk")
+        ).values_list("pk", flat=True)
+    )
+
+
+def await_jobs(dialect: Dialect, job_id: int, ids: list[int]) -> bool:
+    """Make job `job_id` wait for jobs `ids` (locked) to be final; return whether they are.
+
+    `awaits` edges: a job finishing, done or not, then promotes `job_id` once all are final
+    (see `promote`); their failures never cancel it.
+    """
+    edges = JobDependency.objects.using(dialect.using)
+    have = set(
+        edges.filter(job_id=job_id, depends_on_id__in=ids).values_list("depends_on_id", flat=True)
+    )
+    edges.bulk_create(
+        JobDependency(job_id=job_id, depends_on_id=pk, awaits=True) for pk in ids if pk not in have
+    )
+    jobs = Job.objects.using(dialect.using)
+    jobs.filter(pk__in=ids, has_dependents=False).update(has_dependents=True)
+    return not jobs.filter(pk__in=ids).exclude(state__in=Job.TERMINAL_STATES).exists()
 
 
 def promote(dialect: Dialect, candidates: list[int]) -> None:
@@ -125,7 +155,7 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         below = dialect.lock_blocking(
             jobs.filter(
                 state__in=(Job.State.WAITING, Job.State.READY),
-                pk__in=edges.filter(depends_on_id__in=frontier).values("job_id"),
+                pk__in=edges.filter(depends_on_id__in=frontier, awaits=False).values("job_id"),
             ).order_by("pk")
         )
         rows = list(below.values_list("pk", "parent_id"))
@@ -145,6 +175,70 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         frontier = ids
 
 
+def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished]:
+    """Hold back the jobs of `finished` (just written `done`) that spawned jobs not final yet.
+
+    Such a job waits for them as a sealed container does (`waiting`, its result kept) and
+    rolls up when the last one is final; its state in the list becomes `waiting`, or `dead`
+    when its children are final already and one ended badly unseen (see `_children_state`).
+    """
+    settled = []
+    for f in finished:
+        if f.has_children and f.state == Job.State.DONE:
+            f = dataclasses.replace(f, state=seal_spawner(dialect, f.job_id))
+        settled.append(f)
+    return settled
+
+
+def seal_spawner(dialect: Dialect, job_id: int) -> str:
+    """Seal job `job_id` (its row locked, `done`) over its children; return its state now."""
+    jobs = Job.objects.using(dialect.using)
+    # As containers.seal does: a child finishing now either committed before (and is counted
+    # final here) or waits for these locks and then sees the job sealed, and counts down.
+    unfinished = dialect.lock_blocking(
+        jobs.filter(parent_id=job_id).exclude(state__in=Job.TERMINAL_STATES).order_by("pk")
+    )
+    count = len(list(unfinished.values_list("pk", flat=True)))
+    if count:
+        jobs.filter(pk=job_id).update(
+            state=Job.State.WAITING,
+            finished_at=None,
+            unique_slot=1,
+            sealed=True,
+            open_children=count,
+            updated_at=DbNow(),
+        )
+        return str(Job.State.WAITING)
+    jobs.filter(pk=job_id).update(sealed=True)
+    state, extra = _children_state(dialect, job_id, is_container=False)
+    if state != Job.State.DONE:
+        jobs.filter(pk=job_id).update(**terminal_values(state, **extra))
+    return state
+
+
+def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> tuple[str, Any]:
+    """The state a parent whose children are all final rolls up to, and its columns.
+
+    `done` when every child is done, else `dead` naming the first that is not. For a job that
+    spawned them, a child its handler waited for (ctx.wait_for) is left out: that failure
+    was raised to the handler, which handled it.
+    """
+    jobs = Job.objects.using(dialect.using)
+    failed = dict(
+        jobs.filter(parent_id=parent_id).exclude(state=Job.State.DONE).order_by("pk")
+        .values_list("pk", "state")
+    )  # fmt: skip
+    if failed and not is_container:
+        for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@wait"):
+            for pk in (seen.result or {}).get("states", {}):
+                failed.pop(int(pk), None)
+    if not failed:
+        return str(Job.State.DONE), {}
+    first_id, first_state = next(iter(failed.items()))
+    error = error_record(UpstreamFailed, f"child job {first_id} ended {first_state}", None)
+    return str(Job.State.DEAD), {"last_error": error}
+
+
 def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     """Count `finished` children of a container as final; finish it when none is left open.
 
@@ -152,15 +246,17 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     or inserted sealed), so no child counts its siblings. The container becomes `done` if all
     its children are done, else `dead`. The caller has already written its children's final
     states; an open (unsealed) container is left alone without being locked: sealing counts
-    its children (see `containers.seal` for why that is safe).
+    its children (see `containers.seal` for why that is safe). A job that spawned children is
+    a container once its handler has returned (sealed by `seal_spawner`); while it runs it
+    is an open one.
     """
     jobs = Job.objects.using(dialect.using)
     # Look before locking: a producer adding a child with depends_on holds the open
     # container's lock while it locks the upstream rows, so a worker finishing one of those
     # (or rolling up a container inside the open one) that then waited for the open container
     # would deadlock with it. An open container cannot roll up, so it needs no lock here.
-    peek = jobs.filter(pk=container_id).values_list("is_container", "sealed", "state").first()
-    if peek is None or not peek[0] or not peek[1] or peek[2] in Job.TERMINAL_STATES:
+    peek = jobs.filter(pk=container_id).values_list("sealed", "state").first()
+    if peek is None or not peek[0] or peek[1] in Job.TERMINAL_STATES:
         return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
@@ -170,23 +266,14 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     if row is None:
         return
     is_container, sealed, state, parent_id, open_children = row
-    if not is_container or not sealed or state in Job.TERMINAL_STATES:
+    if not sealed or state in Job.TERMINAL_STATES:
         return
     if finished:
         open_children = max(0, open_children - finished)
         jobs.filter(pk=container_id).update(open_children=open_children)
     if open_children > 0:
         return
-    children = jobs.filter(parent_id=container_id)
-    ok = not children.exclude(state=Job.State.DONE).exists()
-    new_state = Job.State.DONE if ok else Job.State.DEAD
-    extra: dict[str, Any] = {}
-    if not ok:
-        failed = children.exclude(state=Job.State.DONE).order_by("pk").values_list("pk", "state")
-        first_id, first_state = failed[0]
-        extra["last_error"] = error_record(
-            UpstreamFailed, f"child job {first_id} ended {first_state}", None
-        )
+    new_state, extra = _children_state(dialect, container_id, is_container=is_container)
     jobs.filter(pk=container_id).update(**terminal_values(new_state, **extra))
     on_terminal(dialect, container_id, new_state, parent_id)
 
@@ -289,6 +376,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
                 job_id__in=sorted(pending),
                 job__state=Job.State.WAITING,
                 depends_on__state__in=Job.FAILED_STATES,
+                awaits=False,
             )
             .order_by("job_id", "depends_on_id")
             .values_list(

@@ -29,6 +29,7 @@ from django.db.models import (
     F,
     Field,
     JSONField,
+    Q,
     QuerySet,
     TextField,
     Value,
@@ -284,6 +285,13 @@ class Dialect:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
         return transaction.atomic(using=self.using)
 
+    def step_transaction(self) -> Any:
+        """The transaction a durable step's function and its record commit in together: a
+        write transaction of its own, or a savepoint of the handler's open one."""
+        if self.connection.in_atomic_block:
+            return transaction.atomic(using=self.using)
+        return self._atomic()
+
     # -- wake-up -----------------------------------------------------------------------------
 
     def notify(self, queues: Iterable[str]) -> None:
@@ -352,13 +360,18 @@ class Dialect:
     def promote(self, ids: Sequence[int]) -> set[str]:
         """Make the locked waiting jobs `ids` whose upstreams are all done runnable.
 
-        They become `ready`, or `scheduled` when their `run_after` lies ahead. Returns the
-        queues of the jobs promoted. Portable version: the blocked ones, then an UPDATE.
+        They become `ready`, or `scheduled` when their `run_after` lies ahead. An `awaits`
+        edge (ctx.wait_for) needs its upstream final, not done. Returns the queues of the jobs
+        promoted. Portable version: the blocked ones, then an UPDATE.
         """
         not_done = [s for s in Job.State.values if s != Job.State.DONE]
         blocked = set(
             JobDependency.objects.using(self.using)
-            .filter(job_id__in=self.id_set(ids), depends_on__state__in=not_done)
+            .filter(job_id__in=self.id_set(ids))
+            .filter(
+                Q(awaits=False, depends_on__state__in=not_done)
+                | Q(awaits=True, depends_on__state__in=Job.UNFINISHED_STATES)
+            )
             .values_list("job_id", flat=True)
         )
         runnable = [pk for pk in ids if pk not in blocked]
@@ -579,7 +592,7 @@ class Dialect:
         fence = jobs.filter(pk__in=list(wanted), lease_owner=owner, state__in=Job.LEASED_STATES)
         rows = list(
             self.lock(fence.order_by("pk")).values_list(
-                "pk", "attempts", "cancel_requested", "parent_id", "has_dependents"
+                "pk", "attempts", "cancel_requested", "parent_id", "has_dependents", "has_children"
             )
         )
         report = FinishReport()
@@ -604,9 +617,11 @@ class Dialect:
             jobs.filter(pk__in=[r[0] for r in cancelled]).update(
                 **terminal_columns(Job.State.CANCELLED)
             )
-        for pk, _, cancel, parent_id, has_dependents in mine:
+        for pk, _, cancel, parent_id, has_dependents, has_children in mine:
             state = Job.State.CANCELLED if cancel else Job.State.DONE
-            report.finished.append(Finished(pk, str(state), parent_id, has_dependents))
+            report.finished.append(
+                Finished(pk, str(state), parent_id, has_dependents, has_children)
+            )
         return report
 
     def _sort_missing(

@@ -196,6 +196,7 @@ class PostgreSQLDialect(Dialect):
               AND NOT EXISTS (
                 SELECT 1 FROM {edge} AS e JOIN {job} AS u ON u.id = e.depends_on_id
                 WHERE e.job_id = j.id AND u.state <> 'done'
+                  AND NOT (e.awaits AND u.state IN ('dead', 'cancelled'))
               )
             RETURNING j.queue
         """
@@ -296,9 +297,7 @@ class PostgreSQLDialect(Dialect):
         self, *, owner: str, items: Sequence[tuple[int, int, str | None]]
     ) -> FinishReport:
         rows = self._finish_statement(owner, items, only_simple=False)
-        report = FinishReport(
-            [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
-        )
+        report = FinishReport([Finished(*row) for row in rows])
         self._sort_missing(
             report, {i: a for i, a, _ in items}, {f.job_id for f in report.finished}, owner
         )
@@ -311,7 +310,7 @@ class PostgreSQLDialect(Dialect):
         # no container, which need nothing else in their transaction. A row locked elsewhere,
         # or whose lease is gone, or that needs the graph to react, is not returned.
         rows = self._finish_statement(owner, items, only_simple=True)
-        return [Finished(pk, state, parent, deps) for pk, state, parent, deps in rows]
+        return [Finished(*row) for row in rows]
 
     def _finish_statement(
         self, owner: str, items: Sequence[tuple[int, int, str | None]], *, only_simple: bool
@@ -320,7 +319,11 @@ class PostgreSQLDialect(Dialect):
         key = ("finish_sql", table, only_simple)
         if key not in self._sql_cache:
             now, _ = self.compile(DbNow())
-            simple = "AND NOT j.has_dependents AND j.parent_id IS NULL" if only_simple else ""
+            simple = (
+                "AND NOT j.has_dependents AND j.parent_id IS NULL AND NOT j.has_children"
+                if only_simple
+                else ""
+            )
             # The batch travels as one JSON document (one C-level json.dumps here, one parse
             # on the server), not as arrays dumped element by element. The rows are locked
             # with SKIP LOCKED first: a row an application transaction holds locked is left
@@ -344,7 +347,7 @@ class PostgreSQLDialect(Dialect):
                     finished_at = {now}, updated_at = {now}
                 FROM locked AS l JOIN v ON v.id = l.id
                 WHERE j.id = l.id
-                RETURNING j.id, j.state, j.parent_id, j.has_dependents
+                RETURNING j.id, j.state, j.parent_id, j.has_dependents, j.has_children
                 """,
                 [],
             )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from .. import attempts, leases, outcomes, workflows
+from .. import attempts, events, leases, outcomes, workflows
 from .. import conf as conf_module
 from ..dialects import Dialect, get_dialect
 from ..dialects.functions import DbNow
@@ -139,7 +139,11 @@ def run_jobs(
             leases.release(dialect, [lease])  # not charged: the job is as it was
             raise RunawayJobsError(_runaway_message(max_runs, types, job.type))
         flight = attempts.InFlight(
-            job=job, lease=lease, claimed=time.monotonic(), lease_ttl=settings.lease_ttl
+            job=job,
+            lease=lease,
+            claimed=time.monotonic(),
+            lease_ttl=settings.lease_ttl,
+            ignore_delays=ignore_delays,
         )
         ran.setdefault(job.id, None)
         types[job.type] += 1
@@ -167,6 +171,8 @@ def _promote(
 
         dialect.run_in_transaction(make_due)
     while workflows.promote_due(dialect, batch=settings.reclaim_batch):
+        pass
+    while events.expire_waits(dialect, batch=settings.reclaim_batch):  # timed out by the clock
         pass
 
 

@@ -21,8 +21,7 @@ from django.db import DatabaseError, InterfaceError
 
 from ..dialects import Dialect
 from ..models import Job
-from ..workflows import promote_due
-from .promoter import Promoter, any_due
+from .promoter import Promoter, any_due, promote_all_due
 from .reclaimer import Reclaimer, any_reclaimable
 
 logger = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class BurstCheck:
     def _promote(self) -> None:
         # Promoted here, the claim that follows takes them at once.
         try:
-            promote_due(self.dialect, batch=self.batch)
+            promote_all_due(self.dialect, batch=self.batch)
         except (DatabaseError, InterfaceError) as exc:
             logger.debug("Burst promotion failed (%s); the promoter retries", exc)
             self.promoter.wake()

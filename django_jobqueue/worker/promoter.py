@@ -1,18 +1,21 @@
-"""The promoter: moves `scheduled` jobs whose `run_after` has passed to `ready`.
+"""The promoter: moves `scheduled` jobs whose `run_after` has passed to `ready`, and jobs
+whose wait for an event timed out back to `ready` (they resume, and their wait raises).
 
-Jobs that run later (a `run_after` in the future, a retry's backoff) wait as `scheduled`,
-outside the ready index, so that a hundred thousand of them cost the claim nothing. Every
-worker promotes what is due, in bounded batches with SKIP LOCKED (workers never wait on each
-other), and sleeps until the next due time by the database clock, at most POLL_INTERVAL.
+Jobs that run later (a `run_after` in the future, a retry's backoff, a durable sleep) wait as
+`scheduled`, outside the ready index, so that a hundred thousand of them cost the claim
+nothing. Every worker promotes what is due, in bounded batches with SKIP LOCKED (workers never
+wait on each other), and sleeps until the next due time by the database clock, at most
+POLL_INTERVAL.
 """
 
 from __future__ import annotations
 
 import logging
 
+from .. import events
 from ..dialects import Dialect
 from ..dialects.functions import DbNow
-from ..models import Job
+from ..models import Job, JobWait
 from ..workflows import promote_due
 from .duty import Duty
 
@@ -20,26 +23,37 @@ logger = logging.getLogger(__name__)
 
 
 def any_due(dialect: Dialect, queues: list[str]) -> bool:
-    """Whether a scheduled job in `queues` is due (database clock)."""
-    return Job.objects.using(dialect.using).due().in_queues(queues).exists()
+    """Whether a scheduled job, or a timed-out wait, in `queues` is due (database clock)."""
+    if Job.objects.using(dialect.using).due().in_queues(queues).exists():
+        return True
+    waits = JobWait.objects.using(dialect.using).filter(until__lte=DbNow())
+    return (waits.filter(job__queue__in=queues) if queues else waits).exists()
 
 
 def seconds_until_due(dialect: Dialect) -> float | None:
-    """Seconds until the earliest scheduled job is due, by the database clock (None: none)."""
-    row = (
+    """Seconds until the earliest scheduled job or event wait is due, by the database clock
+    (None: none)."""
+    times = [
         Job.objects.using(dialect.using)
         .filter(state=Job.State.SCHEDULED)
         .order_by("run_after")
         .annotate(now=DbNow())
         .values_list("run_after", "now")
-        .first()
-    )
-    if row is None:
-        return None
-    run_after, now = row
-    if run_after is None or now is None:
-        return None
-    return (run_after - now).total_seconds()
+        .first(),
+        JobWait.objects.using(dialect.using)
+        .filter(until__isnull=False)
+        .order_by("until")
+        .annotate(now=DbNow())
+        .values_list("until", "now")
+        .first(),
+    ]
+    due = [(when - now).total_seconds() for when, now in filter(None, times) if when and now]
+    return min(due) if due else None
+
+
+def promote_all_due(dialect: Dialect, *, batch: int) -> int:
+    """Promote a batch of due scheduled jobs, and wake a batch of timed-out waits."""
+    return promote_due(dialect, batch=batch) + events.expire_waits(dialect, batch=batch)
 
 
 class Promoter(Duty):
@@ -58,7 +72,7 @@ class Promoter(Duty):
         if until is None:
             return None
         if until <= 0:
-            promoted = promote_due(self.dialect, batch=self.batch)
+            promoted = promote_all_due(self.dialect, batch=self.batch)
             if not promoted:
                 return 0.01  # another worker's promoter holds them: look again shortly
             logger.debug("Promoted %s due job(s)", promoted)

@@ -1,0 +1,210 @@
+"""Durable steps, sleeps, events, children and progress, through `testing.run_jobs()` (the
+worker's own claim, run and record functions, in this thread). The same with real worker
+processes, crashes and limits: tests/test_durable_workers.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import django_jobqueue as jobqueue
+from django_jobqueue.exceptions import InvalidJobError, WaitTimeout
+from django_jobqueue.models import Job, JobEvent, JobStep, JobWait
+from django_jobqueue.testing import RunawayJobsError, run_jobs
+from tests.testapp.durable_jobs import lines, send_in_transaction
+from tests.testapp.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> str:
+    return str(tmp_path / "calls")
+
+
+def refreshed(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+
+def test_steps_done_before_a_failure_are_not_run_again(marker):
+    job = jobqueue.enqueue("durable.loop_steps", {"marker": marker, "pages": 4, "fail_at": 2})
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.attempts == 2
+    # Pages 0 and 1 ran in the first attempt only; the retry got them from their records.
+    assert lines(marker) == ["page0", "page1", "page2", "page3"]
+    assert job.result == [{"page": n, "items": [n, n + 1]} for n in range(4)]
+    steps = JobStep.objects.filter(job=job).order_by("seq")
+    assert [(s.name, s.seq, s.attempt) for s in steps] == [
+        ("page", 1, 1),
+        ("page", 2, 1),
+        ("page", 3, 2),
+        ("page", 4, 2),
+    ]
+
+
+def test_a_step_returns_what_its_record_will(marker):
+    """The first run gets the result as JSON gives it back, as every later run will."""
+    job = jobqueue.enqueue("durable.loop_steps", {"marker": marker, "pages": 1})
+    run_jobs()
+    assert refreshed(job).result == [{"page": 0, "items": [0, 1]}]  # the tuple is a list
+
+
+def test_the_writes_of_a_step_that_raises_roll_back():
+    job = jobqueue.enqueue("durable.writing_step", {"number": "A-1", "fail": True})
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.attempts == 2
+    assert Order.objects.filter(number="A-1").count() == 1
+    assert job.result == Order.objects.get(number="A-1").pk
+
+
+def test_the_writes_of_a_step_happen_once():
+    """The first attempt fails after its step: the retry gets the step's record."""
+    job = jobqueue.enqueue("durable.writing_step", {"number": "B-1", "fail_after": True})
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.attempts == 2
+    assert Order.objects.filter(number="B-1").count() == 1
+    assert job.result == Order.objects.get(number="B-1").pk
+
+
+def test_a_step_result_that_cannot_be_stored_kills_the_job():
+    job = jobqueue.enqueue("durable.bad_step", max_attempts=3)
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DEAD and job.attempts == 1
+    assert "cannot store its result" in job.last_error["message"]
+    assert not JobStep.objects.filter(job=job).exists()
+
+
+@pytest.mark.parametrize("name", ["", "@mine", "x" * 201, "tab\there"])
+def test_bad_step_names_are_refused(name):
+    from django_jobqueue import durable
+
+    with pytest.raises(InvalidJobError):
+        durable.step(None, name, print, (), {})  # type: ignore[arg-type]
+
+
+# -- sleeps ------------------------------------------------------------------------------------
+
+
+def test_a_sleep_suspends_the_job_without_using_an_attempt():
+    job = jobqueue.enqueue("durable.sleeper", {"seconds": 0.5}, max_attempts=1)
+    run_jobs(ignore_delays=False)
+    job = refreshed(job)
+    assert job.state == Job.State.SCHEDULED
+    assert (job.lease_owner, job.attempts) == (None, 0)
+    time.sleep(0.6)
+    run_jobs(ignore_delays=False)
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.attempts == 1
+    assert job.result >= 0.5
+
+
+def test_run_jobs_skips_sleeps_with_ignore_delays():
+    job = jobqueue.enqueue("durable.sleeper", {"seconds": 3600}, max_attempts=1)
+    run_jobs()
+    assert refreshed(job).state == Job.State.DONE
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def test_a_rolled_back_send_wakes_nothing_and_a_committed_one_gives_its_payload():
+    job = jobqueue.enqueue("durable.waiter", {"key": "approval:1"}, max_attempts=1)
+    run_jobs()
+    assert refreshed(job).state == Job.State.WAITING
+    assert JobWait.objects.filter(job_id=job.pk, key="approval:1").exists()
+    send_in_transaction("approval:1", {"by": "ann"}, rollback=True)
+    assert refreshed(job).state == Job.State.WAITING
+    send_in_transaction("approval:1", {"by": "bob"}, rollback=False)
+    assert refreshed(job).state == Job.State.READY
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.attempts == 1
+    assert job.result == {"payload": {"by": "bob"}}
+    assert not JobWait.objects.filter(job_id=job.pk).exists()
+
+
+def test_an_event_sent_before_the_wait_is_received_and_the_first_payload_kept():
+    assert jobqueue.send_event("early", [1]) is True
+    assert jobqueue.send_event("early", [2]) is False  # the first payload is kept
+    job = jobqueue.enqueue("durable.waiter", {"key": "early"})
+    run_jobs()
+    assert refreshed(job).result == {"payload": [1]}
+    assert JobEvent.objects.get(key="early").payload == [1]
+
+
+def test_a_wait_that_times_out_raises_in_the_resumed_handler():
+    job = jobqueue.enqueue("durable.waiter", {"key": "never", "timeout": 0.3}, max_attempts=1)
+    run_jobs()
+    assert refreshed(job).state == Job.State.WAITING
+    time.sleep(0.4)
+    run_jobs()
+    job = refreshed(job)
+    assert job.state == Job.State.DONE and job.result == "timed out"
+    jobqueue.send_event("never", 1)  # too late: nothing waits any more
+    assert refreshed(job).state == Job.State.DONE
+
+
+def test_wait_timeout_is_importable_from_the_package():
+    assert jobqueue.WaitTimeout is WaitTimeout
+
+
+def test_cancelling_a_waiting_job_cancels_it_at_once():
+    job = jobqueue.enqueue("durable.waiter", {"key": "k"})
+    run_jobs()
+    assert jobqueue.cancel(job) is True
+    assert refreshed(job).state == Job.State.CANCELLED
+    jobqueue.send_event("k")
+    assert refreshed(job).state == Job.State.CANCELLED
+
+
+# -- children ----------------------------------------------------------------------------------
+
+
+def test_a_parent_waits_for_the_children_it_spawned(marker):
+    parent = jobqueue.enqueue("durable.spawner", {"count": 3, "marker": marker}, max_attempts=1)
+    after = jobqueue.enqueue("test.noop", depends_on=[parent])
+    run_jobs()
+    parent = refreshed(parent)
+    assert parent.state == Job.State.DONE
+    assert parent.result == [0, 1, 4]
+    assert sorted(lines(marker)) == ["child0", "child1", "child2"]
+    children = Job.objects.filter(parent_id=parent.pk)
+    assert sorted(children.values_list("state", flat=True)) == ["done"] * 3
+    assert refreshed(after).state == Job.State.DONE
+
+
+def test_a_parent_that_does_not_wait_is_done_once_its_children_are():
+    parent = jobqueue.enqueue("durable.spawner", {"count": 2, "wait": False})
+    after = jobqueue.enqueue("test.noop", depends_on=[parent])
+    with pytest.raises(RunawayJobsError):  # the parent only: its children are still ready
+        run_jobs(max_runs=1)
+    parent = refreshed(parent)
+    assert parent.state == Job.State.WAITING and parent.sealed
+    assert refreshed(after).state == Job.State.WAITING
+    run_jobs()
+    assert refreshed(parent).state == Job.State.DONE
+    assert refreshed(parent).result == sorted(
+        Job.objects.filter(parent_id=parent.pk).values_list("pk", flat=True)
+    )
+    assert refreshed(after).state == Job.State.DONE
+
+
+def test_progress_is_recorded_and_read_back():
+    job = jobqueue.enqueue("durable.progressing", {"steps": 5})
+    run_jobs()
+    progress = refreshed(job).progress
+    assert {k: progress[k] for k in ("current", "total", "message")} == {
+        "current": 5,
+        "total": 5,
+        "message": "page 5 of 5",
+    }
+    assert progress["updated_at"]
