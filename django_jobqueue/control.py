@@ -13,7 +13,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 
 from . import conf, pruning, validation, workflows
-from .dialects import Dialect, get_dialect
+from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidJobError
 from .models import Job, JobDependency, Worker
@@ -37,7 +37,8 @@ def cancel(job: Job | int) -> bool:
     A waiting or ready job becomes `cancelled` now and so do the jobs downstream of it. A
     leased or running job gets `cancel_requested`: its handler can see that through its
     context, and whatever it returns is discarded and the job ends `cancelled`. Cancelling a
-    container cancels its unfinished children. Returns False when the job was already final.
+    container, or a job that spawned children, cancels its unfinished children. Returns False
+    when the job was already final.
     """
     dialect = get_dialect(conf.get().database)
     pk = _pk(job)
@@ -46,12 +47,12 @@ def cancel(job: Job | int) -> bool:
         jobs = Job.objects.using(dialect.using)
         row = (
             dialect.lock_blocking(jobs.filter(pk=pk))
-            .values_list("state", "parent_id", "is_container")
+            .values_list("state", "parent_id", "is_container", "has_children")
             .first()
         )
         if row is None:
             raise InvalidJobError(f"Job {pk} does not exist.")
-        state, parent_id, is_container = row
+        state, parent_id, is_container, has_children = row
         if state in Job.TERMINAL_STATES:
             return False
         if state in Job.LEASED_STATES:
@@ -60,33 +61,12 @@ def cancel(job: Job | int) -> bool:
         jobs.filter(pk=pk).update(
             **workflows.terminal_values(Job.State.CANCELLED, cancel_requested=True)
         )
-        if is_container:
-            _cancel_children(dialect, pk)
+        if is_container or has_children:
+            workflows.cancel_children(dialect, pk)
         workflows.on_terminal(dialect, pk, Job.State.CANCELLED, parent_id)
         return True
 
     return dialect.run_in_caller_transaction(txn)
-
-
-def _cancel_children(dialect: Dialect, container_id: int) -> None:
-    jobs = Job.objects.using(dialect.using)
-    children = list(
-        dialect.lock_blocking(
-            jobs.filter(parent_id=container_id)
-            .exclude(state__in=Job.TERMINAL_STATES)
-            .order_by("pk")
-        ).values_list("pk", "state", "is_container")
-    )
-    for pk, state, is_container in children:
-        if state in Job.LEASED_STATES:
-            jobs.filter(pk=pk).update(cancel_requested=True, updated_at=DbNow())
-            continue
-        jobs.filter(pk=pk).update(
-            **workflows.terminal_values(Job.State.CANCELLED, cancel_requested=True)
-        )
-        if is_container:
-            _cancel_children(dialect, pk)
-        workflows.cancel_downstream(dialect, pk, Job.State.CANCELLED)
 
 
 def retry(job: Job | int, extra_attempts: int = 1) -> Job:
@@ -238,11 +218,12 @@ def delete_finished(ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
         finished = Job.objects.using(dialect.using).filter(
             pk__in=wanted, state__in=Job.TERMINAL_STATES
         )
-        rows = list(
-            dialect.lock_blocking(finished.order_by("pk")).values_list(
-                "pk", "parent_id", "is_container"
-            )
-        )
+        rows = [
+            (pk, parent_id, box or kids)  # a job that spawned children goes after them
+            for pk, parent_id, box, kids in dialect.lock_blocking(
+                finished.order_by("pk")
+            ).values_list("pk", "parent_id", "is_container", "has_children")
+        ]
         going, _, _ = pruning.deletable(dialect, rows)
         if going:
             pruning.delete_jobs(dialect, going, containers={pk for pk, _, box in rows if box})

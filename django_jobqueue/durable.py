@@ -217,6 +217,7 @@ def wait_for(ctx: JobContext, jobs: Iterable[Any]) -> dict[int, Any]:
         if missing:
             raise InvalidJobError(f"wait_for: job(s) {missing} do not exist")
         if any(state not in Job.TERMINAL_STATES for state in states.values()):
+            _check_no_deadlock(ctx, ids)
             raise Suspend("jobs", job_ids=ids)
         found = {"ids": ids, "states": {str(pk): state for pk, state in sorted(states.items())}}
         _record(ctx, WAIT, seq, found)
@@ -268,3 +269,15 @@ class Progress:
         self.pending, self.written_at = None, time.monotonic()
         jobs = Job.objects.using(ctx._dialect.using)
         jobs.filter(ctx._lease.q()).update(progress=value)
+
+
+def _check_no_deadlock(ctx: JobContext, ids: list[int]) -> None:
+    """Refuse to wait for a job that cannot finish before this one (it would wait forever)."""
+    from .enqueuing import waits_for
+
+    after = set().union(*waits_for(ctx._dialect.using, [ctx.job_id]))
+    stuck = sorted(after.intersection(ids))
+    if stuck:
+        raise InvalidJobError(
+            f"job {ctx.job_id} cannot wait for job(s) {stuck}: they wait for it to finish"
+        )

@@ -415,14 +415,16 @@ def suspend(dialect: Dialect, lease: Lease, how: Suspend) -> str | None:
             workflows.lock_jobs(dialect, how.job_ids)
         row = (
             dialect.lock(jobs.filter(lease.q()))
-            .values_list("cancel_requested", "has_dependents", "parent_id")
+            .values_list("cancel_requested", "has_dependents", "parent_id", "has_children")
             .first()
         )
         if row is None:
             return BUSY if _held_elsewhere(dialect, lease) else None
-        cancel_requested, has_dependents, parent_id = row
+        cancel_requested, has_dependents, parent_id, has_children = row
         if cancel_requested:
             jobs.filter(lease.q()).update(**workflows.terminal_values(Job.State.CANCELLED))
+            if has_children:
+                workflows.cancel_children(dialect, lease.job_id)
             workflows.on_terminal(
                 dialect, lease.job_id, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
             )

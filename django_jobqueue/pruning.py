@@ -19,7 +19,7 @@ from django.db.models import Q, QuerySet
 
 from .dialects import Dialect
 from .dialects.functions import DbNow
-from .models import Job, JobDependency
+from .models import Job, JobDependency, JobStep, JobWait
 
 DEFAULT_STATES: tuple[str, ...] = (Job.State.DONE, Job.State.CANCELLED)
 DEFAULT_BATCH_SIZE = 1000
@@ -92,13 +92,15 @@ def prune_batch(
         read: QuerySet[Job] = candidates.order_by("finished_at", "pk")
         if not dry_run:
             read = dialect.lock(read)
-        rows = list(read.values_list("pk", "finished_at", "parent_id", "is_container")[:batch_size])
+        fields = ("pk", "finished_at", "parent_id", "is_container", "has_children")
+        rows = list(read.values_list(*fields)[:batch_size])
         batch.scanned = len(rows)
         batch.done = len(rows) < batch_size
         if not rows:
             return batch
         last[:] = [rows[-1][1], rows[-1][0]]
-        finished = [(pk, parent_id, box) for pk, _, parent_id, box in rows]
+        # A job that spawned children goes after them, as a container does.
+        finished = [(pk, parent_id, box or kids) for pk, _, parent_id, box, kids in rows]
         going, batch.needed, batch.containers = deletable(dialect, finished)
         batch.deleted = len(going)
         if going and not dry_run:
@@ -174,7 +176,8 @@ def _containers_with_children(dialect: Dialect, boxes: list[int], going: list[in
 
 
 def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int] = ()) -> int:
-    """Delete the jobs `ids` with their edges, clearing references to them; in a transaction.
+    """Delete the jobs `ids` with their edges and step records, clearing references to them;
+    in a transaction.
 
     A few statements, none through Django's deletion collector (which would read every
     related row first): the edges from and to them, the `cancelled_by` links pointing at them
@@ -186,6 +189,8 @@ def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int]
     JobDependency.objects.using(using).filter(
         Q(job_id__in=dialect.id_set(ids)) | Q(depends_on_id__in=dialect.id_set(ids))
     )._raw_delete(using)
+    for durable_rows in (JobStep, JobWait):
+        durable_rows.objects.using(using).filter(job_id__in=dialect.id_set(ids))._raw_delete(using)
     # The rows that name one of them as their canceller are few: found by one range of the
     # cancelled_by index, then cleared by id. An IN list of the ids instead made MariaDB
     # estimate, past 200 values, from the index's statistics (a column of NULLs, hence

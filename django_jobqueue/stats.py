@@ -26,6 +26,7 @@ DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check 
 DEFAULT_MAX_EXPIRED = 0  # leases left expired past a lease TTL before --check fails
 DEFAULT_MAX_OPEN_IDLE = 600.0  # seconds an open container may be idle before --check fails
 SHOWN_IDS = 10  # ids of idle open containers listed
+SHOWN_RUNNING = 50  # running jobs listed with their progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,16 @@ def collect(
     oldest = oldest_ready(jobs, now)
 
     leased = jobs.filter(lease_expires__isnull=False)
+    # Running jobs that report progress (ctx.progress), newest first: through the leases'
+    # index, never a scan of the table.
+    running = [
+        {"id": pk, "type": type, "queue": queue, "worker": owner, "progress": progress}
+        for pk, type, queue, owner, progress in leased.filter(
+            state=Job.State.RUNNING, progress__isnull=False
+        )
+        .order_by("-pk")
+        .values_list("pk", "type", "queue", "lease_owner", "progress")[:SHOWN_RUNNING]
+    ]
     leases = leased.aggregate(
         in_flight=Count("pk"),
         expired=Count("pk", filter=Q(lease_expires__lt=now)),
@@ -130,6 +141,7 @@ def collect(
         "groups": {g: groups[g] for g in sorted(groups)},
         "oldest_ready_age": oldest[1] if oldest is not None else None,
         "leases": leases,
+        "running": running,
         "workers": {"live": len(live), "stale": len(workers) - len(live)},
         "unserved_queues": unserved,
         "open_containers": open_containers,

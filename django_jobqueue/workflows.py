@@ -175,6 +175,27 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         frontier = ids
 
 
+def cancel_children(dialect: Dialect, container_id: int) -> None:
+    """Cancel the unfinished children of `container_id` (a container, or a job that spawned
+    them), transitively: running ones cooperatively, the others at once."""
+    jobs = Job.objects.using(dialect.using)
+    children = list(
+        dialect.lock_blocking(
+            jobs.filter(parent_id=container_id)
+            .exclude(state__in=Job.TERMINAL_STATES)
+            .order_by("pk")
+        ).values_list("pk", "state", "is_container", "has_children")
+    )
+    for pk, state, is_container, has_children in children:
+        if state in Job.LEASED_STATES:
+            jobs.filter(pk=pk).update(cancel_requested=True, updated_at=DbNow())
+            continue
+        jobs.filter(pk=pk).update(**terminal_values(Job.State.CANCELLED, cancel_requested=True))
+        if is_container or has_children:
+            cancel_children(dialect, pk)
+        cancel_downstream(dialect, pk, Job.State.CANCELLED)
+
+
 def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished]:
     """Hold back the jobs of `finished` (just written `done`) that spawned jobs not final yet.
 
@@ -186,6 +207,8 @@ def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished
     for f in finished:
         if f.has_children and f.state == Job.State.DONE:
             f = dataclasses.replace(f, state=seal_spawner(dialect, f.job_id))
+        elif f.has_children and f.state == Job.State.CANCELLED:
+            cancel_children(dialect, f.job_id)
         settled.append(f)
     return settled
 

@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .. import conf, containers, control
 from ..models import Job, JobDependency, Worker
-from . import display, filters, graph
+from . import display, durable, filters, graph
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -74,6 +74,9 @@ class JobAdmin(JobPagesAdmin):
         "arguments",
         "job_result",
         "runs",
+        "job_progress",
+        "job_steps",
+        "waits_for",
     ]
     fieldsets = [
         (None, {"fields": ["type", "state_badge", "queue", "group_key", "priority", "weight"]}),
@@ -104,6 +107,7 @@ class JobAdmin(JobPagesAdmin):
                 ]
             },
         ),
+        ("Long job", {"fields": ["job_progress", "waits_for", "job_steps"]}),
         ("Lease", {"fields": ["lease"]}),
         ("Data", {"fields": ["arguments", "job_result"]}),
         ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
@@ -190,7 +194,7 @@ class JobAdmin(JobPagesAdmin):
 
     @admin.display(description="children")
     def children(self, job: Job) -> SafeString | str:
-        if not job.is_container:
+        if not (job.is_container or job.has_children):
             return "-"
         jobs = Job.objects.filter(parent_id=job.pk)
         links = self._links(jobs, {"container": job.pk})
@@ -277,6 +281,18 @@ class JobAdmin(JobPagesAdmin):
     def job_result(self, job: Job) -> SafeString:
         return display.pretty_json(job.result)
 
+    @admin.display(description="progress")
+    def job_progress(self, job: Job) -> SafeString | str:
+        return durable.progress(job)
+
+    @admin.display(description="steps (durable calls kept across runs)")
+    def job_steps(self, job: Job) -> SafeString | str:
+        return durable.steps(job)
+
+    @admin.display(description="waits for")
+    def waits_for(self, job: Job) -> SafeString | str:
+        return durable.waits_for(job)
+
 
 def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     """The buttons a job's page offers: the actions that apply to the job in its state."""
@@ -344,6 +360,7 @@ def in_workflow(job: Job) -> bool:
     return bool(
         job.parent_id is not None
         or job.is_container
+        or job.has_children
         or job.has_dependents
         or JobDependency.objects.filter(job_id=job.pk).exists()
     )

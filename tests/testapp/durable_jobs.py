@@ -128,6 +128,22 @@ def spawner(
     return sorted(results.values())
 
 
+@jobqueue.handler("durable.spawn_and_wait", takes_context=True)
+def spawn_and_wait(
+    ctx: jobqueue.JobContext, children: list[Any], queue: str = "", marker: str = "",
+    hold: float = 0.0,
+) -> Any:  # fmt: skip
+    """Spawn each [type, args] of `children` (in `queue`), then wait for them all; on the
+    first run, hold `hold` seconds between the spawns and the wait (the test kills it)."""
+    options = {"queue": queue} if queue else {}
+    spawned = [ctx.spawn(type, args, **options) for type, args in children]
+    if marker:
+        mark(marker, "spawned")
+    if hold and ctx.attempt == 1:
+        time.sleep(hold)
+    return {str(pk): result for pk, result in sorted(ctx.wait_for(spawned).items())}
+
+
 @jobqueue.handler("durable.child", takes_context=True)
 def child(ctx: jobqueue.JobContext, i: int, marker: str = "", fail: bool = False) -> int:
     if marker:

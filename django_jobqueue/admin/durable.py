@@ -1,0 +1,108 @@
+"""The job page's view of a long job: its progress, its steps, and what it waits for."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from ..models import Job, JobDependency, JobStep, JobWait
+from . import display
+
+SHOWN_STEPS = 200
+KINDS = {"@sleep": "sleep", "@event": "event wait", "@spawn": "spawn", "@wait": "wait for jobs"}
+
+
+def progress(job: Job) -> SafeString | str:
+    """`ctx.progress()`'s last value as a bar and a line (a <progress> element: no style)."""
+    value = job.progress
+    if not value:
+        return display.NONE
+    current, total = value.get("current"), value.get("total")
+    bar = format_html('<progress max="{}" value="{}"></progress> ', total, current) if total else ""
+    of = f"{current:g} of {total:g}" if total else f"{current:g}"
+    updated = value.get("updated_at")
+    ago = display.age(dt.datetime.fromisoformat(updated)) if updated else "?"
+    return format_html(
+        '{}{}{} <span class="quiet">(updated {} ago)</span>',
+        bar,
+        of,
+        format_html(": {}", value["message"]) if value.get("message") else "",
+        ago,
+    )
+
+
+def steps(job: Job) -> SafeString | str:
+    """The durable calls recorded for the job, in the order they were recorded."""
+    rows = list(
+        JobStep.objects.filter(job_id=job.pk)
+        .order_by("pk")
+        .values_list("name", "seq", "attempt", "created_at", "duration", "result")[
+            : SHOWN_STEPS + 1
+        ]
+    )
+    if not rows:
+        return display.NONE
+    more = ""
+    if len(rows) > SHOWN_STEPS:
+        rows = rows[:SHOWN_STEPS]
+        more = format_html(
+            "<p>and {} more</p>", JobStep.objects.filter(job_id=job.pk).count() - SHOWN_STEPS
+        )
+    body = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                KINDS.get(name, name),
+                seq,
+                attempt,
+                display.when(created),
+                "-" if duration is None else display.duration(duration),
+                _size(result),
+            )
+            for name, seq, attempt, created, duration, result in rows
+        ),
+    )
+    return format_html(
+        "<table><thead><tr><th>step</th><th>call</th><th>attempt</th><th>recorded</th>"
+        "<th>took</th><th>result</th></tr></thead><tbody>{}</tbody></table>{}",
+        body,
+        more,
+    )
+
+
+def _size(result: object) -> str:
+    size = len(json.dumps(result))
+    return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB"
+
+
+def waits_for(job: Job) -> SafeString | str:
+    """What a suspended job waits for: a time, an event, jobs, or its spawned children."""
+    if job.state == Job.State.SCHEDULED:
+        last = JobStep.objects.filter(job_id=job.pk, name="@sleep").order_by("-seq").first()
+        until = (last.result or {}).get("until") if last else None
+        if until and job.run_after and dt.datetime.fromisoformat(until) == job.run_after:
+            return format_html("sleeps until {}", display.when(job.run_after))
+        return "-"
+    if job.state != Job.State.WAITING:
+        return "-"
+    wait = JobWait.objects.filter(job_id=job.pk).first()
+    if wait is not None:
+        limit = f", gives up at {display.when(wait.until)}" if wait.until else ""
+        return format_html("event {}{}", wait.key, limit)
+    awaited = list(
+        JobDependency.objects.filter(job_id=job.pk, awaits=True)
+        .order_by("depends_on_id")
+        .values_list("depends_on_id", "depends_on__state")[:20]
+    )
+    if awaited:
+        return format_html(
+            "jobs to be final: {}",
+            format_html_join(" ", "{}", ((display.job_link(pk, state),) for pk, state in awaited)),
+        )
+    if job.sealed and job.has_children:
+        return format_html("its spawned children ({} not final)", job.open_children)
+    return "-"
