@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import events, pausing, registry, workflows
+from . import pausing, registry, workflows
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, seconds
 from .dialects.functions import DbNow
 from .error_records import with_error
-from .models import Job, JobQuerySet, JobStep, JobWait
+from .models import Job, JobQuerySet
 from .records import ClaimedJob, Finished, FinishReport
 
 if TYPE_CHECKING:
-    from .exceptions import Suspend
     from .fairshare import FairShare
 
 logger = logging.getLogger(__name__)
@@ -44,7 +43,6 @@ __all__ = [
     "fail",
     "finish",
     "renew_leases",
-    "suspend",
 ]
 
 # fail() could not lock the job's row (another transaction holds it): try again later.
@@ -317,7 +315,7 @@ def fail(
             .first()
         )
         if row is None:
-            if _held_elsewhere(dialect, lease):
+            if held_elsewhere(dialect, lease):
                 return BUSY
             state = _failed_earlier(dialect, lease, error, planned)
             earlier = state is not None
@@ -387,76 +385,11 @@ def _failed_earlier(
     return str(Job.State.CANCELLED if state == Job.State.CANCELLED else planned)
 
 
-def _held_elsewhere(dialect: Dialect, lease: Lease) -> bool:
+def held_elsewhere(dialect: Dialect, lease: Lease) -> bool:
     """Whether the lease is still current but its row is locked by another transaction."""
     if not dialect.has_select_for_update_skip_locked:
         return False
     return Job.objects.using(dialect.using).filter(lease.q()).exists()
-
-
-def suspend(dialect: Dialect, lease: Lease, how: Suspend) -> str | None:
-    """Record that `lease`'s attempt suspended its job (a durable sleep or wait).
-
-    The job lets go of its lease, and so of its place under every limit, without using the
-    attempt: `scheduled` until `how.until` (a sleep), `waiting` for an event or for jobs to
-    be final, or `ready` at once when that happened meanwhile. The records of the call are
-    written in the same transaction. A job whose cancellation was requested ends `cancelled`.
-    Returns the new state, None when the lease is no longer current, or BUSY when another
-    transaction holds the row locked (nothing is written; try again).
-    """
-
-    def txn() -> str | None:
-        jobs = Job.objects.using(dialect.using)
-        # Rows in the order the other side locks them: an event's row before the job's (as
-        # send_event does), the awaited jobs' rows before the job's (a job finishing locks its
-        # own row, then the rows of the jobs that wait for it).
-        sent = events.lock_event(dialect, how.key) if how.kind == "event" and how.key else False
-        if how.kind == "jobs":
-            workflows.lock_jobs(dialect, how.job_ids)
-        row = (
-            dialect.lock(jobs.filter(lease.q()))
-            .values_list("cancel_requested", "has_dependents", "parent_id", "has_children")
-            .first()
-        )
-        if row is None:
-            return BUSY if _held_elsewhere(dialect, lease) else None
-        cancel_requested, has_dependents, parent_id, has_children = row
-        if cancel_requested:
-            jobs.filter(lease.q()).update(**workflows.terminal_values(Job.State.CANCELLED))
-            if has_children:
-                workflows.cancel_children(dialect, lease.job_id)
-            workflows.on_terminal(
-                dialect, lease.job_id, Job.State.CANCELLED, parent_id, has_dependents=has_dependents
-            )
-            return str(Job.State.CANCELLED)
-        JobStep.objects.using(dialect.using).bulk_create(
-            JobStep(job_id=lease.job_id, name=name, seq=seq, result=result, attempt=lease.attempt)
-            for name, seq, result in how.records
-        )
-        state, values = Job.State.READY, {}
-        if how.kind == "sleep":
-            state, values = Job.State.SCHEDULED, {"run_after": how.until}
-        elif how.kind == "event" and not sent:
-            state = Job.State.WAITING
-            JobWait.objects.using(dialect.using).update_or_create(
-                job_id=lease.job_id, defaults={"key": how.key or "", "until": how.until}
-            )
-        elif how.kind == "jobs" and not workflows.await_jobs(dialect, lease.job_id, how.job_ids):
-            state = Job.State.WAITING
-        jobs.filter(lease.q()).update(
-            state=state,
-            lease_owner=None,
-            lease_expires=None,
-            attempts=F("attempts") - 1,
-            updated_at=DbNow(),
-            **values,
-        )
-        if state == Job.State.READY:
-            queue = jobs.filter(pk=lease.job_id).values_list("queue", flat=True).get()
-            workflows.notify_on_commit(dialect, queue)
-        return str(state)
-
-    return dialect.run_in_transaction(txn)
 
 
 def release(dialect: Dialect, leases: Iterable[Lease]) -> int:

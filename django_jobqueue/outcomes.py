@@ -16,7 +16,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 
-from . import leases, signals
+from . import leases, signals, suspensions
 from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_plan
 from .conf import JobQueueSettings
 from .dialects import Dialect
@@ -70,13 +70,14 @@ def record(
     """
     failed = [o for o in outcomes if not o.succeeded and not o.flight.recorded]
     done = [o for o in outcomes if o.succeeded]
+    suspended = [o for o in failed if isinstance(o.error, Suspend)]
     busy = _finish(dialect, conf, owner, done, on_recorded, on_refused) if done else []
+    if suspended:
+        busy += _suspend(dialect, conf, suspended, on_recorded, on_refused)
     for outcome in failed:
-        if isinstance(outcome.error, Suspend):
-            written = _suspend(dialect, conf, outcome, on_recorded, on_refused)
-        else:
-            written = _fail(dialect, conf, outcome, on_recorded, on_refused)
-        if not written:
+        if not isinstance(outcome.error, Suspend) and not _fail(
+            dialect, conf, outcome, on_recorded, on_refused
+        ):
             busy.append(outcome)
     return busy
 
@@ -84,36 +85,45 @@ def record(
 def _suspend(
     dialect: Dialect,
     conf: JobQueueSettings,
-    outcome: Outcome,
+    outcomes: list[Outcome],
     on_recorded: Callable[[Outcome, str | None], None],
     on_refused: Callable[[], None],
-) -> bool:
-    """Write a suspension (a durable sleep or wait); False when its row is busy elsewhere.
+) -> list[Outcome]:
+    """Write suspensions (durable sleeps and waits) in one transaction; return the busy ones.
 
-    A suspension the database refuses (a record it cannot store) is written as a failure.
+    A batch the database refuses is written one by one; a suspension it refuses (a record it
+    cannot store) is written as a failure of the attempt.
     """
-    how = outcome.error
-    assert isinstance(how, Suspend)
+    items = [(o.flight.lease, o.error) for o in outcomes if isinstance(o.error, Suspend)]
     try:
-        state = leases.suspend(dialect, outcome.flight.lease, how)
+        states = suspensions.suspend_many(dialect, items)
     except PERMANENT_ERRORS as exc:
         on_refused()
-        outcome.error = exc
-        return _fail(dialect, conf, outcome, on_recorded, on_refused)
-    if state == leases.BUSY:
-        return False
-    flight = outcome.flight
-    if state is None:
-        log_outcome(outcome, state)
-    elif logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "Job id=%s type=%s attempt=%s suspended (%s): %s",
-            flight.job.pk, flight.job.type, flight.lease.attempt, how, state,
-            extra=log_extra(flight, outcome.duration, state),
-        )  # fmt: skip
-    outcome.flight.recorded = True
-    on_recorded(outcome, state)
-    return True
+        if len(outcomes) > 1:
+            busy: list[Outcome] = []
+            for outcome in outcomes:
+                busy += _suspend(dialect, conf, [outcome], on_recorded, on_refused)
+            return busy
+        outcomes[0].error = exc
+        return [] if _fail(dialect, conf, outcomes[0], on_recorded, on_refused) else outcomes
+    busy = []
+    for outcome in outcomes:
+        flight = outcome.flight
+        state = states[flight.lease.job_id]
+        if state == leases.BUSY:
+            busy.append(outcome)
+            continue
+        if state is None:
+            log_outcome(outcome, state)
+        elif logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Job id=%s type=%s attempt=%s suspended (%s): %s",
+                flight.job.pk, flight.job.type, flight.lease.attempt, outcome.error, state,
+                extra=log_extra(flight, outcome.duration, state),
+            )  # fmt: skip
+        flight.recorded = True
+        on_recorded(outcome, state)
+    return busy
 
 
 def _finish(
