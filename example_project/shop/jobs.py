@@ -109,3 +109,24 @@ def rebuild_search(ctx: jobqueue.JobContext, batches: int) -> dict[str, Any]:
             return {"batches": done, "stopped_early": True}
         time.sleep(0.1)
     return {"batches": batches, "stopped_early": False}
+
+
+@jobqueue.handler("shop.monthly_report", takes_context=True)
+def monthly_report(ctx: jobqueue.JobContext, month: str, pages: int) -> dict[str, Any]:
+    """A durable job: fetch each page once (a step kept across runs), wait for a manager's
+    approval (the job holds no thread meanwhile), then publish."""
+    rows = 0
+    for page in range(1, pages + 1):
+        rows += ctx.step("fetch", _fetch_page, month, page)
+        ctx.progress(page, pages, f"fetched page {page} of {pages}")
+    approval = ctx.wait_for_event(f"approve-report:{month}", timeout=600)
+    return dict(ctx.step("publish", _publish, month, rows, approval["by"]))
+
+
+def _fetch_page(month: str, page: int) -> int:
+    time.sleep(0.2)  # a slow, rate-limited API
+    return 10 + page
+
+
+def _publish(month: str, rows: int, by: str) -> dict[str, Any]:
+    return {"month": month, "rows": rows, "approved_by": by}

@@ -34,7 +34,7 @@ from rich.table import Table
 
 import django_jobqueue as jobqueue
 from django_jobqueue.admin.graph import render
-from django_jobqueue.models import Job
+from django_jobqueue.models import Job, JobStep
 from shop.models import Order
 
 TENANTS = {"acme": 3, "globex": 1}  # group -> weight
@@ -44,6 +44,7 @@ FINAL = {Job.State.DONE, Job.State.DEAD, Job.State.CANCELLED}
 COLUMNS = ["waiting", "scheduled", "ready", "running", "done", "dead", "cancelled"]
 HEADERS = ["waiting", "sched.", "ready", "running", "done", "dead", "cancelled"]
 PAUSE = 1.0  # seconds the story lets you look at a dead or running job before it acts
+REPORT_MONTH, REPORT_PAGES = "2026-11", 5
 
 
 @dataclass
@@ -57,10 +58,12 @@ class Cast:
     email: Job
     search: Job
     order: Order
+    report: Job
 
     def roles(self) -> dict[int, str]:
         roles = {int(self.rates.pk): "rates", int(self.ship.pk): "ship"}
         roles |= {int(self.email.pk): "email", int(self.search.pk): "search"}
+        roles[int(self.report.pk)] = "report"
         for tenant in TENANTS:
             roles[int(self.containers[tenant].pk)] = f"container:{tenant}"
             roles[int(self.publish[tenant].pk)] = f"publish:{tenant}"
@@ -77,6 +80,7 @@ class Watch:
     since: dict[int, float] = field(default_factory=dict)
     paid: bool = False
     cancelled: bool = False
+    approved: bool = False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -128,7 +132,11 @@ class Command(BaseCommand):
             "[cyan]shop.email_tracking[/] (depends_on it). When the payment arrives, "
             "jobqueue.retry() revives both.\n"
             f"#{cast.search.pk} [cyan]shop.rebuild_search[/]: long; jobqueue.cancel() stops "
-            "it while it runs."
+            "it while it runs.\n"
+            f"#{cast.report.pk} [cyan]shop.monthly_report[/]: a durable job. It fetches "
+            f"{REPORT_PAGES} pages, each once (ctx.step), then waits for a manager's approval "
+            "(ctx.wait_for_event): it holds no thread meanwhile. jobqueue.send_event() "
+            "approves it."
         )
 
         concurrency = options["concurrency"]
@@ -250,7 +258,17 @@ class Command(BaseCommand):
                 f"[bold]jobqueue.cancel(#{search})[/] while it runs: its handler "
                 "sees ctx.cancelled at its next batch and stops.",
             )
-        if not (watch.paid and watch.cancelled):
+        report = int(cast.report.pk)
+        waiting = watch.states[report] == Job.State.WAITING
+        if not watch.approved and waiting and self.waited(watch, report):
+            jobqueue.send_event(f"approve-report:{REPORT_MONTH}", {"by": "the manager"})
+            watch.approved = True
+            self.say(
+                watch,
+                f"[bold]jobqueue.send_event('approve-report:{REPORT_MONTH}')[/]: #{report} "
+                "runs again; its fetches return their stored results at once.",
+            )
+        if not (watch.paid and watch.cancelled and watch.approved):
             return False
         return not Job.objects.exclude(state__in=FINAL).exists()
 
@@ -357,7 +375,11 @@ def enqueue_story(products: int) -> Cast:
             "shop.email_tracking", {"order_id": order.pk}, depends_on=[ship], group=OPS
         )
         search = jobqueue.enqueue("shop.rebuild_search", {"batches": 300}, group=OPS)
-    return Cast(containers, publish, rates, ship, email, search, order)
+        report = jobqueue.enqueue(
+            "shop.monthly_report", {"month": REPORT_MONTH, "pages": REPORT_PAGES}, group=OPS,
+            max_attempts=1,
+        )  # fmt: skip
+    return Cast(containers, publish, rates, ship, email, search, order, report)
 
 
 def note(role: str, state: str, attempts: int) -> str:
@@ -371,6 +393,8 @@ def note(role: str, state: str, attempts: int) -> str:
         ("email", "done"): "done: the tracking email is out",
         ("search", "running"): "is running",
         ("search", "cancelled"): "is [yellow]cancelled[/]: the handler stopped early",
+        ("report", "waiting"): "fetched its pages and waits for approval: no thread, no lease",
+        ("report", "done"): "done: approved and published, with one attempt",
     }
     kind, _, tenant = role.partition(":")
     if kind == "container":
@@ -419,6 +443,14 @@ def check(cast: Cast, jobs: list[Job], ratio: float) -> list[str]:
         problems.append("email_tracking should keep its cancellation (UpstreamFailed) as history")
     if get(cast.search).state != Job.State.CANCELLED:
         problems.append(f"rebuild_search is {get(cast.search).state}, not cancelled")
+    report = get(cast.report)
+    expected = {"month": REPORT_MONTH, "rows": sum(10 + p for p in range(1, REPORT_PAGES + 1)),
+                "approved_by": "the manager"}  # fmt: skip
+    if (report.state, report.attempts, report.result) != (Job.State.DONE, 1, expected):
+        problems.append(f"monthly_report is {report.state} ({report.result}), not {expected}")
+    fetches = JobStep.objects.filter(job_id=report.pk, name="fetch").count()
+    if fetches != REPORT_PAGES:
+        problems.append(f"monthly_report recorded {fetches} fetches, not {REPORT_PAGES}")
     if not 2.0 <= ratio <= 4.5:
         problems.append(f"acme got {ratio:.1f} times globex's slots, not about 3")
     return problems
