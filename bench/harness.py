@@ -47,9 +47,18 @@ def reset() -> None:
     """Empty the job tables."""
     from django.db import connection
 
-    from django_jobqueue.models import ConcurrencyLimit, Job, JobDependency, Worker
+    from django_jobqueue.models import (
+        ConcurrencyLimit,
+        Job,
+        JobDependency,
+        JobEvent,
+        JobStep,
+        JobWait,
+        Worker,
+    )
 
-    tables = [m._meta.db_table for m in (JobDependency, Job, Worker, ConcurrencyLimit)]
+    models = (JobStep, JobWait, JobEvent, JobDependency, Job, Worker, ConcurrencyLimit)
+    tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("TRUNCATE " + ", ".join(tables) + " RESTART IDENTITY CASCADE")

@@ -19,3 +19,20 @@ async def async_sleep(seconds=1.0):
 @jobqueue.handler("bench.sleep")
 def sleep(seconds=0.02):
     time.sleep(seconds)
+
+
+@jobqueue.handler("bench.steps", takes_context=True)
+def steps(ctx, count=20, seconds=0.1, durable=True):
+    """`count` pieces of work of `seconds` each: as durable steps, or plain calls."""
+    for n in range(count):
+        if durable:
+            ctx.step("piece", time.sleep, seconds)
+        else:
+            time.sleep(seconds)
+        ctx.progress(n + 1, count)
+
+
+@jobqueue.handler("bench.sleep_once", takes_context=True)
+def sleep_once(ctx, seconds=0.05):
+    """Suspend once for `seconds` (a durable sleep), then finish."""
+    ctx.sleep(seconds)
