@@ -146,20 +146,14 @@ def sleep_until(
     elif until is not None:
         until = validation.check_datetime("sleep_until", until)
     seq, found = ctx._calls.next(SLEEP)
-    if ctx._ignore_delays:
+    # Recorded: the record was written with the suspension, and this run is the resume that
+    # the promoter made once the time had come (by the database clock). No clock is read.
+    if ctx._ignore_delays or found is not MISSING:
         return
-    now = ctx._dialect.now()
-    if found is not MISSING:
-        until = dt.datetime.fromisoformat(found["until"])
-    elif seconds is not None:
-        until = now + dt.timedelta(seconds=seconds)
+    if seconds is not None:  # the suspension sets run_after from the database's now
+        raise Suspend("sleep", delay=seconds, records=[(SLEEP, seq, {"seconds": seconds})])
     assert until is not None
-    if now >= until:
-        if found is MISSING:  # a later run must not wait again from its own now
-            _record(ctx, SLEEP, seq, {"until": until.isoformat()})
-        return
-    records = [] if found is not MISSING else [(SLEEP, seq, {"until": until.isoformat()})]
-    raise Suspend("sleep", until=until, records=records)
+    raise Suspend("sleep", until=until, records=[(SLEEP, seq, {"until": until.isoformat()})])
 
 
 def wait_for_event(ctx: JobContext, key: str, timeout: float | dt.timedelta | None) -> Any:

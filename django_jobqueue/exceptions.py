@@ -176,12 +176,14 @@ class Suspend(BaseException):
     are the JobStep rows (name, seq, result) to write with the suspension.
     """
 
-    kind: str  # "sleep" (scheduled until `until`), "event" (waiting for `key`), "jobs"
+    kind: str  # "sleep" (until `until`, or `delay` seconds), "event" (waiting for `key`), "jobs"
     until: dt.datetime | None = None
+    delay: float | None = None
     key: str | None = None
     job_ids: list[int] = dataclasses.field(default_factory=list)
     records: list[tuple[str, int, Any]] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
-        what = {"sleep": f"sleeping until {self.until}", "event": f"waiting for {self.key!r}"}
+        until = self.until if self.delay is None else f"{self.delay:g}s from now"
+        what = {"sleep": f"sleeping until {until}", "event": f"waiting for {self.key!r}"}
         return what.get(self.kind, f"waiting for jobs {self.job_ids}")

@@ -11,11 +11,14 @@ transaction, as it does successes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from django.db.models import F
+from django.db.models import Case, DateTimeField, F, Value, When
+from django.db.models.lookups import GreaterThan
 
 from . import events, workflows
 from .dialects import Dialect
+from .dialects.base import seconds
 from .dialects.functions import DbNow
 from .exceptions import Suspend
 from .leases import BUSY, Lease, fences, held_elsewhere
@@ -64,16 +67,26 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
             for name, seq, result in how.records
         )
         ready = set()
+        naps: dict[float, list[Lease]] = {}  # sleeps of a delay: one UPDATE for each delay
         for lease, how in suspending:
             cancel_requested, has_dependents, parent_id, has_children = rows[lease.job_id]
             if cancel_requested:
                 states[lease.job_id] = _cancel(dialect, lease, has_dependents, parent_id,
                                                has_children)  # fmt: skip
-                continue
-            state = _suspend(dialect, lease, how, sent)
-            if state == Job.State.READY:
-                ready.add(lease.job_id)
-            states[lease.job_id] = state
+            elif how.kind == "sleep" and how.delay:
+                naps.setdefault(how.delay, []).append(lease)
+                states[lease.job_id] = str(Job.State.SCHEDULED)
+            else:
+                states[lease.job_id] = state = _suspend(dialect, lease, how, sent)
+                if state == Job.State.READY:
+                    ready.add(lease.job_id)
+        for delay, sleeping in naps.items():
+            for condition, _ in fences(sleeping):
+                jobs.filter(condition).update(
+                    state=Job.State.SCHEDULED,
+                    run_after=DbNow() + seconds(delay),
+                    **_LET_GO,
+                )
         if ready:
             queues = set(jobs.filter(pk__in=sorted(ready)).values_list("queue", flat=True))
             workflows.notify_on_commit(dialect, queues)
@@ -82,11 +95,28 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
     return dialect.run_in_transaction(txn)
 
 
+# What every suspension writes: the lease ends, and its attempt is not charged.
+_LET_GO = {
+    "lease_owner": None,
+    "lease_expires": None,
+    "attempts": F("attempts") - 1,
+    "updated_at": DbNow(),
+}
+
+
 def _suspend(dialect: Dialect, lease: Lease, how: Suspend, sent: dict[str, bool]) -> str:
     """Write one suspension (its job row locked); return the job's new state."""
-    state, values = Job.State.READY, {}
-    if how.kind == "sleep":
-        state, values = Job.State.SCHEDULED, {"run_after": how.until}
+    state: Any = Job.State.READY
+    values: dict[str, Any] = {}
+    if how.kind == "sleep" and how.delay is not None:  # a sleep of 0: ready at once
+        values = {"run_after": DbNow()}
+    elif how.kind == "sleep":
+        # Due already by the database clock: ready at once, not left for the promoter.
+        later = When(
+            GreaterThan(Value(how.until, DateTimeField()), DbNow()), then=Value("scheduled")
+        )
+        state = Case(later, default=Value("ready"))
+        values = {"run_after": how.until}
     elif how.kind == "event" and not sent.get(how.key or ""):
         state = Job.State.WAITING
         JobWait.objects.using(dialect.using).update_or_create(
@@ -94,15 +124,11 @@ def _suspend(dialect: Dialect, lease: Lease, how: Suspend, sent: dict[str, bool]
         )
     elif how.kind == "jobs" and not workflows.await_jobs(dialect, lease.job_id, how.job_ids):
         state = Job.State.WAITING
-    Job.objects.using(dialect.using).filter(lease.q()).update(
-        state=state,
-        lease_owner=None,
-        lease_expires=None,
-        attempts=F("attempts") - 1,
-        updated_at=DbNow(),
-        **values,
-    )
-    return str(state)
+    jobs = Job.objects.using(dialect.using)
+    jobs.filter(lease.q()).update(state=state, **_LET_GO, **values)
+    if isinstance(state, str):
+        return state
+    return str(jobs.filter(pk=lease.job_id).values_list("state", flat=True).get())
 
 
 def _cancel(

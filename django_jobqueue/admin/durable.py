@@ -82,10 +82,11 @@ def _size(result: object) -> str:
 def waits_for(job: Job) -> SafeString | str:
     """What a suspended job waits for: a time, an event, jobs, or its spawned children."""
     if job.state == Job.State.SCHEDULED:
-        last = JobStep.objects.filter(job_id=job.pk, name="@sleep").order_by("-seq").first()
-        until = (last.result or {}).get("until") if last else None
-        if until and job.run_after and dt.datetime.fromisoformat(until) == job.run_after:
-            return format_html("sleeps until {}", display.when(job.run_after))
+        if JobStep.objects.filter(job_id=job.pk, name="@sleep").exists():
+            return format_html(
+                "its run after {} (a sleep of its handler, or a retry's backoff)",
+                display.when(job.run_after),
+            )
         return "-"
     if job.state != Job.State.WAITING:
         return "-"
