@@ -45,7 +45,7 @@ class JobContext:
     _progress: durable.Progress = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._calls = durable.Calls(self._dialect, self.job_id)
+        self._calls = durable.Calls(self._dialect, self.job_id, self.job.has_steps)
         self._progress = durable.Progress()
 
     @property

@@ -52,10 +52,12 @@ MISSING: Any = object()
 class Calls:
     """The durable calls of one run: what earlier runs recorded, and the count of each name."""
 
-    def __init__(self, dialect: Dialect, job_id: int) -> None:
+    def __init__(self, dialect: Dialect, job_id: int, has_steps: bool = True) -> None:
         self.dialect = dialect
         self.job_id = job_id
-        self._recorded: dict[tuple[str, int], Any] | None = None
+        self.has_steps = has_steps  # the job's row says so already (no need to mark it)
+        # None: read at the run's first durable call; {} when the claim said there is none.
+        self._recorded: dict[tuple[str, int], Any] | None = None if has_steps else {}
         self._counts: Counter[str] = Counter()
 
     def next(self, name: str) -> tuple[int, Any]:
@@ -68,8 +70,10 @@ class Calls:
         return seq, self._recorded.get((name, seq), MISSING)
 
     def remember(self, name: str, seq: int, result: Any) -> None:
+        """Keep the result just recorded (its transaction committed)."""
         assert self._recorded is not None
         self._recorded[(name, seq)] = result
+        self.has_steps = True
 
 
 def fence(dialect: Dialect, lease: Lease) -> None:
@@ -82,10 +86,11 @@ def fence(dialect: Dialect, lease: Lease) -> None:
         )
 
 
-def write(
-    dialect: Dialect, lease: Lease, name: str, seq: int, result: Any, duration: float | None
-) -> None:
+def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | None) -> None:
     """Insert the record of a call (the job's row is fenced by the caller)."""
+    dialect, lease = ctx._dialect, ctx._lease
+    if not ctx._calls.has_steps:  # the job's first record: say so on its row (for the claim)
+        Job.objects.using(dialect.using).filter(pk=lease.job_id).update(has_steps=True)
     JobStep.objects.using(dialect.using).create(
         job_id=lease.job_id,
         name=name,
@@ -103,7 +108,7 @@ def _record(ctx: JobContext, name: str, seq: int, result: Any, pending: Any = MI
     with dialect.step_transaction():
         fence(dialect, lease)
         if pending is MISSING:
-            write(dialect, lease, name, seq, result, None)
+            write(ctx, name, seq, result, None)
         else:
             rows = JobStep.objects.using(dialect.using)
             rows.filter(job_id=lease.job_id, name=name, seq=seq).update(result=result)
@@ -132,7 +137,7 @@ def step(ctx: JobContext, name: str, fn: Callable[..., Any], args: Any, kwargs: 
         # keys as strings), returned now too, so that the first run sees what replays see.
         value = None if result is None else json.loads(json.dumps(result))
         fence(dialect, lease)
-        write(dialect, lease, name, seq, value, time.monotonic() - started)
+        write(ctx, name, seq, value, time.monotonic() - started)
     ctx._calls.remember(name, seq, value)
     return copy.deepcopy(value)
 
@@ -234,7 +239,7 @@ def spawn(ctx: JobContext, type: str, args: Any, options: dict[str, Any]) -> Job
     with dialect.step_transaction():
         fence(dialect, lease)
         child = spawn_child(lease.job_id, type, args, options)
-        write(dialect, lease, SPAWN, seq, {"job_id": child.pk, "type": type}, None)
+        write(ctx, SPAWN, seq, {"job_id": child.pk, "type": type}, None)
     ctx._calls.remember(SPAWN, seq, {"job_id": child.pk, "type": type})
     return child
 

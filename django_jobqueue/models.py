@@ -112,6 +112,9 @@ class Job(models.Model):
     # Set once the job spawned a child while it ran (ctx.spawn): when its handler returns, it
     # waits for its children as a sealed container does (see workflows.seal_spawner).
     has_children = models.BooleanField(_("has children"), default=False, editable=False)
+    # Set once a durable call of its handler recorded something (a JobStep row): a run reads
+    # the job's records only then, and a job's first run asks for none (the claim says so).
+    has_steps = models.BooleanField(_("has steps"), default=False, editable=False)
     # What ctx.progress() last recorded: {"current", "total", "message", "updated_at"}.
     progress = models.JSONField(_("progress"), null=True, blank=True)
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)

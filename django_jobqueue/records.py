@@ -25,6 +25,7 @@ CLAIM_FIELDS = (
     "parent_id",
     "timeout",
     "lease_owner",
+    "has_steps",
 )
 
 
@@ -50,6 +51,7 @@ class ClaimedJob:
     parent_id: int | None
     timeout: float | None
     lease_owner: str | None
+    has_steps: bool
 
     def __init__(self, using: str, values: Sequence[Any]) -> None:
         """Take the values of CLAIM_FIELDS, in that order."""
@@ -68,6 +70,7 @@ class ClaimedJob:
             self.parent_id,
             self.timeout,
             self.lease_owner,
+            self.has_steps,
         ) = values
 
     @property

@@ -95,8 +95,10 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
     return dialect.run_in_transaction(txn)
 
 
-# What every suspension writes: the lease ends, and its attempt is not charged.
+# What every suspension writes: the lease ends, and its attempt is not charged. (Every
+# suspension but a spawner's wait for jobs writes a record, and that wait records on resume.)
 _LET_GO = {
+    "has_steps": True,
     "lease_owner": None,
     "lease_expires": None,
     "attempts": F("attempts") - 1,

@@ -19,6 +19,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='job',
+            name='has_steps',
+            field=models.BooleanField(default=False, editable=False, verbose_name='has steps'),
+        ),
+        migrations.AddField(
+            model_name='job',
             name='progress',
             field=models.JSONField(blank=True, null=True, verbose_name='progress'),
         ),
