@@ -51,9 +51,9 @@ docs: venv
 # test database; workers are forked by the session's fork server, tests/forkserver.py), then
 # the tests that restart the database server alone: a restart would cut the others short.
 # A failure of either fails the lane (pytest's status 5, "no test selected", is none). Most
-# tests wait on worker processes, so three processes keep 2 cores busy. MARK selects tests by
+# tests wait on worker processes, so four processes keep 2 cores busy. MARK selects tests by
 # marker expression.
-XDIST ?= 3
+XDIST ?= 4
 MARK ?=
 MARKED = $(if $(MARK),($(MARK)) and ,)
 LANE = { $(PYTEST) --create-db -n $(XDIST) --dist loadfile -m "$(MARKED)not server_restart" \
