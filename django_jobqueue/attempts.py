@@ -17,11 +17,18 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from . import leases, registry, signals, validation, wake
+from . import leases, quotas, registry, signals, validation, wake
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
-from .exceptions import Fail, JobTimeout, ResultNotStored, Retry, UnknownHandlerError
+from .exceptions import (
+    Fail,
+    JobTimeout,
+    RateLimited,
+    ResultNotStored,
+    Retry,
+    UnknownHandlerError,
+)
 from .records import ClaimedJob
 
 # The module's name before it was renamed: users configure their logging by logger name.
@@ -134,8 +141,19 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             flight.leave_handler()
             _flush_progress(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
+        if isinstance(exc, RateLimited):
+            _close_now(dialect, exc)
         return _failed(flight, exc)
     return _succeeded(flight, result, conf)
+
+
+def _close_now(dialect: Dialect, limited: RateLimited) -> None:
+    """Close the resource at once, from the handler's thread: other claims see it before the
+    completer records the outcome (which closes it again, with the job's suspension)."""
+    try:
+        quotas.close(dialect, limited.resource, limited.retry_after)
+    except Exception:  # the completer's write closes it all the same
+        logger.warning("Could not close resource %r yet", limited.resource)
 
 
 def _flush_progress(flight: InFlight) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from .exceptions import Suspend
+from .exceptions import RateLimited, Suspend
 from .options import JobOptions
 
 try:
@@ -106,6 +106,7 @@ if HAS_TASKS:
         max_attempts: int | None = None
         timeout: float | dt.timedelta | None = None
         parent: Any = None
+        uses: Any = None  # {resource: units} of JOBQUEUE["LIMITS"]
 
         def using(
             self,
@@ -121,6 +122,7 @@ if HAS_TASKS:
             max_attempts: int | None = None,
             timeout: float | dt.timedelta | None = None,
             parent: Any = None,
+            uses: Any = None,
         ) -> JobQueueTask:
             """Return a copy with changed defaults (Django's options plus the queue's own)."""
             changes: dict[str, Any] = {
@@ -136,6 +138,7 @@ if HAS_TASKS:
                     "max_attempts": max_attempts,
                     "timeout": timeout,
                     "parent": parent,
+                    "uses": uses,
                 }.items()
                 if value is not None
             }
@@ -356,8 +359,8 @@ if HAS_TASKS:
                 else:
                     value = self.task.call(*args, **kwargs)
                 value = normalize_json(value)
-            except Suspend:
-                raise  # a durable sleep or wait: the task resumes later, it did not fail
+            except (Suspend, RateLimited):
+                raise  # a durable sleep or wait, or a closed quota: it runs later, not failed
             except BaseException as exc:
                 cls = type(exc)
                 from traceback import format_exception

@@ -45,6 +45,8 @@ class JobQueueSettings:
     max_result_bytes: int = 1_048_576  # largest result of one job, as JSON text
     schedules: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> definition
     rate_limits: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> "N/period"
+    # resource or pattern ("tenant:*") -> {"concurrency": N, "rate": "N/period"}; see limits.py
+    limits: dict[str, Any] = dataclasses.field(default_factory=dict)
     schedule_clock: Any = None  # callable() -> aware datetime, or its dotted path (tests)
     # seconds an open (unsealed) container may go without a write or a new child before the
     # workers fail it as ContainerNotSealed; None: never
@@ -205,6 +207,9 @@ def _validate(conf: JobQueueSettings) -> None:
         raise ImproperlyConfigured("JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
     for group, rate in conf.rate_limits.items():
         parse_rate(group, rate)
+    from .limits import parse_limits  # limits.py reads parse_rate from here
+
+    parse_limits(conf.limits)
     if conf.schedule_clock is not None and not (
         callable(conf.schedule_clock) or isinstance(conf.schedule_clock, str)
     ):
@@ -251,8 +256,9 @@ def _validate(conf: JobQueueSettings) -> None:
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
 
 
-def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
-    """Return (starts, period in seconds) of a RATE_LIMITS entry such as "60/m"."""
+def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[int, int]:
+    """Return (starts, period in seconds) of a rate such as "60/m" (a RATE_LIMITS entry, or
+    the rate of a LIMITS entry)."""
     text = rate.strip() if isinstance(rate, str) else ""
     count, _, period = text.partition("/")
     # isdecimal() and isascii(): "²".isdigit() is true, but int("²") raises ValueError.
@@ -264,9 +270,9 @@ def parse_rate(group: Any, rate: Any) -> tuple[int, int]:
         or period not in RATE_PERIODS
     ):
         raise ImproperlyConfigured(
-            f"JOBQUEUE['RATE_LIMITS'][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
-            f"a whole N from 1 to {INT_MAX} (at most N starts of the group in any window of "
-            "that length), and a group name without control characters."
+            f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
+            f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length), "
+            "and a name without control characters."
         )
     return int(count), RATE_PERIODS[period]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -37,6 +38,7 @@ def enqueue(
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
     unique_key: str | None = None,
+    uses: Mapping[str, int] | None = None,
 ) -> Job:
     """Create a job for handler `type`, runnable once every job in `depends_on` is done.
 
@@ -62,6 +64,9 @@ def enqueue(
         timeout: Seconds, or a timedelta, one attempt may run; ``None`` means
             ``JOBQUEUE["TIMEOUT"]``.
         unique_key: While an unfinished job holds this key, return it and insert nothing.
+        uses: The resources of ``JOBQUEUE["LIMITS"]`` it uses, with their units
+            (``{"openai": 1, "tenant:42": 1}``); ``None`` means its handler's default. It
+            starts only when each has room.
 
     Returns:
         The new job: ``ready``; ``scheduled`` until a future `run_after`; ``waiting`` while an
@@ -159,8 +164,10 @@ def _build(
 ) -> tuple[Job, dt.datetime | dt.timedelta | None]:
     """Return an unsaved, fully validated Job and its run_after (absolute or relative)."""
     settings = settings or conf.get()
-    registry.get(type)  # raises UnknownHandlerError
+    handler = registry.get(type)  # raises UnknownHandlerError
     checked_args = validation.check_args(type, args, settings.max_args_bytes)
+    if options.uses is None and handler.uses is not None:
+        options = dataclasses.replace(options, uses=handler.default_uses(checked_args))
     fields, delay = options.job_fields(settings)
     job = new_job(type=type, args=checked_args, **fields)
     job.run_after = delay if isinstance(delay, dt.datetime) else None

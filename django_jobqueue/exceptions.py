@@ -83,8 +83,8 @@ RETRY_AT_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
 RETRY_AT_MAX = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
 
 
-def _retry_delay(delay: object) -> float:
-    """Return `delay` in seconds if it is a valid Retry delay."""
+def _retry_delay(delay: object, what: str = "Retry delay") -> float:
+    """Return `delay` in seconds if it is a valid Retry delay (or `what`)."""
     if isinstance(delay, dt.timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
@@ -94,16 +94,16 @@ def _retry_delay(delay: object) -> float:
             seconds = math.inf
     else:
         raise TypeError(
-            "Retry delay must be seconds (an int or a float) or a timedelta, "
+            f"{what} must be seconds (an int or a float) or a timedelta, "
             f"not {type(delay).__name__} {delay!r}."
         )
     if math.isnan(seconds):
-        raise ValueError("Retry delay must be a number of seconds, not NaN.")
+        raise ValueError(f"{what} must be a number of seconds, not NaN.")
     if seconds < 0:
-        raise ValueError("Retry delay must not be negative.")
+        raise ValueError(f"{what} must not be negative.")
     if seconds > RETRY_DELAY_MAX.total_seconds():
         raise ValueError(
-            f"Retry delay must be at most {RETRY_DELAY_MAX.days} days (100 years), not {delay!r}."
+            f"{what} must be at most {RETRY_DELAY_MAX.days} days (100 years), not {delay!r}."
         )
     return seconds
 
@@ -126,6 +126,31 @@ def _check_retry_at(at: object) -> None:
             f"Retry at must be from {RETRY_AT_MIN:%Y-%m-%d} to before {RETRY_AT_MAX:%Y-%m-%d} "
             f"(UTC), not {at.isoformat()}."
         )
+
+
+class RateLimited(Exception):
+    """Raised by a handler when an outside quota said "later" (an HTTP 429, say): no job that
+    uses `resource` starts for `retry_after` seconds, on any worker, and this job waits that
+    long without using its attempt.
+
+    Args:
+        resource: A resource of ``JOBQUEUE["LIMITS"]`` ("openai", "tenant:42").
+        retry_after: Seconds, or a timedelta, from the database's current time: finite, from
+            0 to 100 years (the `Retry-After` the service sent).
+
+    Raises:
+        TypeError: `resource` is not a string, or `retry_after` not a number or timedelta.
+        ValueError: `resource` is empty, or `retry_after` negative, not finite or too long.
+    """
+
+    def __init__(self, resource: str, retry_after: float | dt.timedelta = 0.0) -> None:
+        if not isinstance(resource, str):
+            raise TypeError(f"RateLimited resource must be a string, not {resource!r}.")
+        if not 1 <= len(resource) <= 255:
+            raise ValueError("RateLimited resource must be 1 to 255 characters.")
+        self.resource = resource
+        self.retry_after = _retry_delay(retry_after, "RateLimited retry_after")
+        super().__init__(f"{resource} is rate limited for {self.retry_after:g}s")
 
 
 class Fail(Exception):
@@ -182,6 +207,7 @@ class Suspend(BaseException):
     key: str | None = None
     job_ids: list[int] = dataclasses.field(default_factory=list)
     records: list[tuple[str, int, Any]] = dataclasses.field(default_factory=list)
+    closes: str | None = None  # a resource to close for `delay` seconds (RateLimited)
 
     def __str__(self) -> str:
         until = self.until if self.delay is None else f"{self.delay:g}s from now"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
-from . import pausing
+from . import pausing, quotas
 from .models import ConcurrencyLimit, Job, JobQuerySet
 from .ratelimits import RateLimits
 
@@ -38,6 +38,9 @@ DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LI
 # The view of the ready groups is refreshed after at least this many times the time its read
 # took (and at least FAIR_SHARE_REFRESH): at most a twentieth of a worker's time goes to it.
 DEMAND_SHARE = 20
+# Under LIMITS, a group's candidates are its best ready jobs, this many times its slots (and
+# this many more): some may use a resource that has no room.
+OVERFETCH = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +119,7 @@ class FairShare:
             import_string(dynamic) if isinstance(dynamic, str) else dynamic
         )
         self.rate_limits = RateLimits(settings.rate_limits)
+        self.resources = quotas.Resources(settings.limits)
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
@@ -140,8 +144,20 @@ class FairShare:
 
     @property
     def has_limits(self) -> bool:
-        """Whether any limit applies (GROUP_LIMITS, QUEUE_LIMITS, RATE_LIMITS, DYNAMIC_LIMIT)."""
-        return bool(self.group_limits or self.queue_limits or self.rate_limits or self.dynamic)
+        """Whether any limit applies (LIMITS, GROUP_LIMITS, QUEUE_LIMITS, RATE_LIMITS,
+        DYNAMIC_LIMIT)."""
+        return bool(
+            self.resources
+            or self.group_limits
+            or self.queue_limits
+            or self.rate_limits
+            or self.dynamic
+        )
+
+    def retry_at(self) -> float | None:
+        """When (time.monotonic()) a rate that held work back has room again, or None."""
+        times = [t for t in (self.rate_limits.retry_at, self.resources.retry_at) if t]
+        return min(times) if times else None
 
     def _locked_groups(self) -> set[str]:
         """The groups with a lock row: those under a concurrency or a rate limit."""
@@ -243,8 +259,9 @@ class FairShare:
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
+        take = self._take_with_resources if self.resources else self._take_planned
         rows = _trim_to_queue_room(
-            self._take_planned(dialect, ordered, limit, demand, in_flight, room), queue_room
+            take(dialect, ordered, limit, demand, in_flight, room), queue_room
         )
         if self.rate_limits:
             taken: dict[str, int] = {}
@@ -265,6 +282,8 @@ class FairShare:
             taken, rated, wanting = self._starts
             self._starts = None
             self.rate_limits.record(dialect, taken, rated, wanting, at=dialect.now())
+        if self.resources:
+            self.resources.record_starts(dialect)
 
     def _take_planned(
         self,
@@ -305,6 +324,50 @@ class FairShare:
                     short.add(group)
                 taken[group] = taken.get(group, 0) + len(got)
                 rows += got
+        return rows
+
+    def _take_with_resources(
+        self,
+        dialect: Dialect,
+        ordered: JobQuerySet,
+        limit: int,
+        demand: list[GroupDemand],
+        in_flight: Mapping[str, int],
+        room: Mapping[str, int | None],
+    ) -> list[tuple[int, str, str]]:
+        """`_take_planned` under LIMITS: each planned group's best jobs are locked, more than
+        its slots, then taken in turn while the resources they use have room (`quotas`).
+
+        The resources are locked once, in name order, for all the candidates: a claim never
+        waits for a resource row while holding another out of order. Slots a group's
+        candidates could not fill go to the other groups' candidates that can start.
+        """
+        slots = plan(limit, demand, in_flight, room)
+        skip = self.resources.skipped()  # found without room a moment ago
+        base = ordered.exclude(uses__has_any_keys=skip) if skip else ordered
+        fetched = {
+            group: list(
+                dialect.lock(base.filter(group_key=group)).values_list(
+                    "pk", "queue", "group_key", "uses"
+                )[: n * OVERFETCH + OVERFETCH]
+            )
+            for group, n in slots.items()
+        }
+        self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
+        rows: list[tuple[int, str, str]] = []
+        taken: dict[str, int] = {}
+        for wanted in (slots, None):  # the planned slots, then what is left, to any group
+            for group, candidates in fetched.items():
+                cap = room.get(group)
+                while candidates and len(rows) < limit:
+                    if wanted is not None and taken.get(group, 0) >= wanted[group]:
+                        break
+                    if cap is not None and taken.get(group, 0) >= cap:
+                        break
+                    pk, queue, group_key, uses = candidates.pop(0)
+                    if self.resources.take(uses):
+                        rows.append((pk, queue, group_key))
+                        taken[group] = taken.get(group, 0) + 1
         return rows
 
     def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:

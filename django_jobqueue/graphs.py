@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import graphlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,6 +69,7 @@ class Graph:
         run_after: dt.datetime | None = None,
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
+        uses: Mapping[str, int] | None = None,
     ) -> Job:
         """Add a job; see `enqueue` for the arguments (run_after takes a datetime here)."""
         if isinstance(run_after, dt.timedelta):

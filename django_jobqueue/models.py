@@ -117,6 +117,8 @@ class Job(models.Model):
     has_steps = models.BooleanField(_("has steps"), default=False, editable=False)
     # What ctx.progress() last recorded: {"current", "total", "message", "updated_at"}.
     progress = models.JSONField(_("progress"), null=True, blank=True)
+    # The resources of JOBQUEUE["LIMITS"] it uses, with the units of each ({"openai": 1}).
+    uses = models.JSONField(_("uses"), null=True, blank=True)
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     cancelled_by = models.ForeignKey(
         "self",
@@ -321,6 +323,58 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return str(self.key)
+
+
+class Limit(models.Model):
+    """One resource of JOBQUEUE["LIMITS"] ("openai", "tenant:42"): the row claims of jobs that
+    use it lock, made on first use, and when it reopens after a `RateLimited`."""
+
+    name = KeyField(_("resource"), max_length=255, primary_key=True)
+    closed_until = models.DateTimeField(_("closed until"), null=True, blank=True)
+    created_at = models.DateTimeField(_("first used"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("limit")
+        verbose_name_plural = _("limits")
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+class LimitSetting(models.Model):
+    """A limit changed while workers run (`jobqueue_limits set`): it replaces the settings'
+    entry of the same name (a resource, or a pattern ending in "*") until it is reset."""
+
+    name = KeyField(_("limit"), max_length=255, primary_key=True)
+    concurrency = models.IntegerField(_("concurrency"), null=True, blank=True)
+    rate = models.CharField(_("rate"), max_length=40, blank=True, default="")
+    updated_at = models.DateTimeField(_("changed"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("limit setting")
+        verbose_name_plural = _("limit settings")
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+class ResourceStart(models.Model):
+    """`units` of a rate-limited resource started by one claim at `started_at` (database clock);
+    rows older than the resource's window are deleted by later claims."""
+
+    resource = KeyField(_("resource"), max_length=255)
+    started_at = models.DateTimeField(_("started"))
+    units = models.IntegerField(_("units"))
+
+    class Meta:
+        verbose_name = _("resource start")
+        verbose_name_plural = _("resource starts")
+        indexes = [
+            models.Index(fields=["resource", "started_at"], name="jobqueue_resource_started")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.resource} x{self.units} @ {self.started_at}"
 
 
 class JobStep(models.Model):

@@ -12,12 +12,13 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from . import conf, validation
+from . import conf, limits, validation
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobOptions:
-    """How a job runs: its group, weight, priority, queue, time, attempts, timeout and key."""
+    """How a job runs: its group, weight, priority, queue, time, attempts, timeout, key and
+    the resources it uses."""
 
     group: str = ""
     weight: int = 1
@@ -27,6 +28,7 @@ class JobOptions:
     max_attempts: int | None = None
     timeout: float | dt.timedelta | None = None
     unique_key: str | None = None
+    uses: Mapping[str, int] | None = None
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -68,5 +70,6 @@ class JobOptions:
             "unique_key": None
             if self.unique_key is None
             else validation.check_label("unique_key", self.unique_key, 255),
+            "uses": limits.check_uses(self.uses, limits.configured(settings)),
         }
         return fields, validation.check_run_after(self.run_after)

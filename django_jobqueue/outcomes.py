@@ -21,7 +21,7 @@ from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_pla
 from .conf import JobQueueSettings
 from .dialects import Dialect
 from .error_records import error_info, error_record, log_text
-from .exceptions import ResultNotStored, Retry, Suspend
+from .exceptions import RateLimited, ResultNotStored, Retry, Suspend
 
 # The loggers the docs name: what became of each attempt is told by `django_jobqueue.execution`,
 # a result the database refused by the worker's writer, `django_jobqueue.worker.completer`.
@@ -70,12 +70,12 @@ def record(
     """
     failed = [o for o in outcomes if not o.succeeded and not o.flight.recorded]
     done = [o for o in outcomes if o.succeeded]
-    suspended = [o for o in failed if isinstance(o.error, Suspend)]
+    suspended = [o for o in failed if isinstance(o.error, Suspend | RateLimited)]
     busy = _finish(dialect, conf, owner, done, on_recorded, on_refused) if done else []
     if suspended:
         busy += _suspend(dialect, conf, suspended, on_recorded, on_refused)
     for outcome in failed:
-        if not isinstance(outcome.error, Suspend) and not _fail(
+        if not isinstance(outcome.error, Suspend | RateLimited) and not _fail(
             dialect, conf, outcome, on_recorded, on_refused
         ):
             busy.append(outcome)
@@ -94,7 +94,7 @@ def _suspend(
     A batch the database refuses is written one by one; a suspension it refuses (a record it
     cannot store) is written as a failure of the attempt.
     """
-    items = [(o.flight.lease, o.error) for o in outcomes if isinstance(o.error, Suspend)]
+    items = [(o.flight.lease, _suspension(o.error)) for o in outcomes]
     try:
         states = suspensions.suspend_many(dialect, items)
     except PERMANENT_ERRORS as exc:
@@ -123,7 +123,25 @@ def _suspend(
             )  # fmt: skip
         flight.recorded = True
         on_recorded(outcome, state)
+        limited = outcome.error
+        if isinstance(limited, RateLimited) and state and signals.job_rate_limited.receivers:
+            signals.send(
+                signals.job_rate_limited,
+                **about(flight, outcome.duration),
+                resource=limited.resource,
+                retry_after=limited.retry_after,
+                state=state,
+            )
     return busy
+
+
+def _suspension(error: BaseException | None) -> Suspend:
+    """The suspension an outcome asks for: its own, or a RateLimited one's (the resource is
+    closed and the job waits as long, without using its attempt)."""
+    if isinstance(error, RateLimited):
+        return Suspend("sleep", delay=error.retry_after, closes=error.resource)
+    assert isinstance(error, Suspend)
+    return error
 
 
 def _finish(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .exceptions import HandlerRegistrationError, UnknownHandlerError
@@ -24,13 +24,27 @@ class Handler:
     func: Callable[..., Any]
     takes_context: bool
     is_async: bool
+    # The resources its jobs use by default (`uses=`): a dict, or a callable of the job's
+    # arguments that returns one.
+    uses: Mapping[str, int] | Callable[[dict[str, Any]], Mapping[str, int] | None] | None = None
+
+    def default_uses(self, args: dict[str, Any]) -> Mapping[str, int] | None:
+        """The resources a job of this handler uses when `enqueue()` names none."""
+        if callable(self.uses):
+            return self.uses(args)
+        return self.uses
 
 
 _handlers: dict[str, Handler] = {}
 _allowlist: tuple[str, ...] | None = None  # sorted keys, rebuilt after a change
 
 
-def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
+def handler(
+    key: str,
+    *,
+    takes_context: bool = False,
+    uses: Mapping[str, int] | Callable[[dict[str, Any]], Mapping[str, int] | None] | None = None,
+) -> Callable[[F], F]:
     """Register the decorated function as the handler for `key`.
 
     The registry is the allowlist of what `enqueue()` accepts and what a worker runs: a worker
@@ -43,6 +57,9 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
         key: 1 to 200 characters: a letter, digit or ``_``, then letters, digits, ``_``,
             ``.``, ``:`` or ``-``; a dotted name such as ``"shop.send_confirmation"``.
         takes_context: Pass a `JobContext` to the handler as its first positional argument.
+        uses: The resources of ``JOBQUEUE["LIMITS"]`` its jobs use, with their units, when
+            `enqueue()` names none: a dict, or a callable that takes the job's arguments (a
+            dict) and returns one (``lambda args: {f"tenant:{args['tenant']}": 1}``).
 
     Raises:
         HandlerRegistrationError: The key is invalid, or already registered to another
@@ -51,6 +68,11 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
     if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise HandlerRegistrationError(
             f"Handler key {key!r} is invalid: use 1-200 letters, digits, '_', '.', ':' or '-'."
+        )
+    if uses is not None and not (callable(uses) or isinstance(uses, Mapping)):
+        raise HandlerRegistrationError(
+            f"Handler {key!r}: uses must be a dict of resources and units, or a callable of "
+            f"the job's arguments that returns one, not {uses!r}."
         )
 
     def decorator(func: F) -> F:
@@ -67,6 +89,7 @@ def handler(key: str, *, takes_context: bool = False) -> Callable[[F], F]:
             func=func,
             takes_context=takes_context,
             is_async=inspect.iscoroutinefunction(func),
+            uses=uses,
         )
         return func
 

@@ -30,6 +30,7 @@ DEFAULT_GRACE = 60.0  # seconds: how late a slot may be found and still run unde
 KEYS = {"handler", "task", "cron", "every", "timezone", "args", "queue", "group", "priority"} | {
     "catch_up",
     "grace",
+    "uses",
 }
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MAX_EVERY = 366 * 86_400  # seconds: slots further apart are cron's job
@@ -58,6 +59,7 @@ class Schedule:
     priority: int = 0
     catch_up: str = DEFAULT_CATCH_UP
     grace: float = DEFAULT_GRACE
+    uses: dict[str, int] | None = None  # the resources of JOBQUEUE["LIMITS"] its jobs use
 
     def next_after(self, moment: dt.datetime) -> dt.datetime:
         """Return the first slot strictly after `moment` (UTC)."""
@@ -103,6 +105,7 @@ class Schedule:
             group=self.group,
             priority=self.priority,
             unique_key=self.unique_key(slot),
+            uses=self.uses,
         )
 
     def decide(self, last: dt.datetime, now: dt.datetime) -> tuple[dt.datetime | None, bool]:
@@ -186,12 +189,14 @@ def parse(name: Any, raw: Any) -> Schedule:
     try:
         args = validation.check_args(handler, raw.get("args", {}), conf.get().max_args_bytes)
         queue, group, priority = raw.get("queue"), raw.get("group", ""), raw.get("priority", 0)
-        JobOptions(queue=queue, group=group, priority=priority).job_fields()
+        uses = raw.get("uses")
+        JobOptions(queue=queue, group=group, priority=priority, uses=uses).job_fields()
     except InvalidJobError as exc:
         raise bad(str(exc)) from None
     return Schedule(
         name=name, handler=handler, task=task, cron=cron, every=every, timezone=tz, args=args,
         queue=queue, group=group, priority=priority, catch_up=catch_up, grace=float(grace),
+        uses=dict(uses) if uses else None,
     )  # fmt: skip
 
 
@@ -253,6 +258,7 @@ def schedule(
     priority: int | None = None,
     catch_up: str | None = None,
     grace: float | None = None,
+    uses: dict[str, int] | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated handler (or django.tasks task) on a schedule named `name`.
 
@@ -264,6 +270,7 @@ def schedule(
     options = {
         "cron": cron, "every": every, "timezone": timezone, "args": args, "queue": queue,
         "group": group, "priority": priority, "catch_up": catch_up, "grace": grace,
+        "uses": uses,
     }  # fmt: skip
 
     def decorator(func: F) -> F:

@@ -14,6 +14,8 @@ outcomes (its reclaimer for a job whose lease expired on its last attempt).
 - `job_failed`: an attempt failed (each attempt): `error` (the exception), `state` (what
   became of the job: "ready" or "scheduled" to retry, "dead", "cancelled").
 - `job_dead`: a job failed for good: `error`.
+- `job_rate_limited`: a handler raised `RateLimited`: `resource` is closed for `retry_after`
+  seconds, and the job waits (`state`: "scheduled") without using its attempt.
 
 A receiver that raises never stops the worker: the error is logged
 (logger `django_jobqueue.signals`) and the other receivers still run. With no receiver
@@ -34,8 +36,16 @@ job_started = Signal()
 job_finished = Signal()
 job_failed = Signal()
 job_dead = Signal()
+job_rate_limited = Signal()
 
-__all__ = ["job_dead", "job_enqueued", "job_failed", "job_finished", "job_started"]
+__all__ = [
+    "job_dead",
+    "job_enqueued",
+    "job_failed",
+    "job_finished",
+    "job_rate_limited",
+    "job_started",
+]
 
 
 def connected(signal: Signal) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.lookups import GreaterThan
 
-from . import events, workflows
+from . import events, quotas, workflows
 from .dialects import Dialect
 from .dialects.base import seconds
 from .dialects.functions import DbNow
@@ -66,6 +66,10 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
             if not rows[lease.job_id][0]
             for name, seq, result in how.records
         )
+        for resource, delay in sorted(
+            {(h.closes, h.delay or 0.0) for _, h in suspending if h.closes}
+        ):
+            quotas.close(dialect, resource, delay)
         ready = set()
         naps: dict[float, list[Lease]] = {}  # sleeps of a delay: one UPDATE for each delay
         for lease, how in suspending:

@@ -88,6 +88,7 @@ def test_e001_for_a_listen_alias_of_another_kind_of_database(tmp_path: Path) -> 
         assert "'sqlite_listen', a sqlite database" in messages[0].msg
 
 
+@pytest.mark.django_db  # Django's model checks ask SQLite whether it supports JSON fields
 def test_e001_is_reported_by_the_check_framework() -> None:
     with override_settings(JOBQUEUE={"BOGUS": 1}):
         found = django_checks.run_checks()

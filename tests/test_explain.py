@@ -292,11 +292,13 @@ def explain_sql(sql: str, params: Any = None) -> tuple[set[str], bool, str]:
 
 
 def job_statements(statements: list[str], *starts: str) -> list[str]:
-    table = TABLE.lower()
+    """The statements of `statements` that read the job table (not another table whose name
+    begins with its name, such as the job steps' or waits')."""
+    table = re.compile(rf"\b{re.escape(TABLE.lower())}\b(?!_)")
     return [
         s
         for s in statements
-        if table in s.lower()
+        if table.search(s.lower())
         and s.lstrip().upper().startswith(starts or ("SELECT", "UPDATE", "WITH"))
     ]
 

@@ -260,7 +260,7 @@ class Dispatcher:
             self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
         wait *= random.uniform(0.8, 1.2)  # jitter spreads idle workers
         now = time.monotonic()
-        retry_at = self.fair_share.rate_limits.retry_at
+        retry_at = self.fair_share.retry_at()
         if retry_at is not None:  # a rate limit held work back: look again when it has room
             wait = min(wait, max(0.0, retry_at - now))
         deadlines = [f.deadline for f in self.flights.snapshot() if f.deadline is not None]

@@ -1,0 +1,131 @@
+"""Limits built for quotas: JOBQUEUE["LIMITS"] and the resources a job uses.
+
+A resource is a name ("openai", "tenant:42"). JOBQUEUE["LIMITS"] maps a resource, or a
+pattern ending in "*" ("tenant:*"), to its limits: `concurrency` (at most N units in flight,
+summed over the leased and running jobs that use the resource) and `rate` ("N/s|m|h": at
+most N units started in any sliding window of that length). Every resource a pattern matches
+has limits of its own. A job names the resources it uses and the units of each
+(`enqueue(uses=...)`), and starts only when each has room for them: see `quotas` for how a
+claim decides. This module reads and checks the settings and `uses`; it touches no table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import JobQueueSettings, parse_rate
+from .exceptions import InvalidJobError
+from .validation import INT_MAX, UNSAFE_CHARS
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The limits of one resource: a concurrency cap and a rate, either may be None."""
+
+    concurrency: int | None = None
+    rate: tuple[int, int] | None = None  # (units, period in seconds)
+
+    def cap(self) -> int | None:
+        """The most units one job may use: more could never start."""
+        caps = [c for c in (self.concurrency, self.rate[0] if self.rate else None) if c]
+        return min(caps) if caps else None
+
+    def describe(self) -> dict[str, Any]:
+        rate = None
+        if self.rate:
+            rate = f"{self.rate[0]}/{ {1: 's', 60: 'm', 3600: 'h'}[self.rate[1]] }"
+        return {"concurrency": self.concurrency, "rate": rate}
+
+
+def parse_spec(name: Any, value: Any, where: str = "JOBQUEUE['LIMITS']") -> Spec:
+    """Return the Spec of one LIMITS entry, or raise ImproperlyConfigured naming it."""
+    if (
+        not isinstance(name, str)
+        or not 1 <= len(name) <= 255
+        or UNSAFE_CHARS.search(name)
+        or "*" in name[:-1]
+    ):
+        raise ImproperlyConfigured(
+            f"{where}: {name!r} is not a resource name (1 to 255 characters, no control "
+            "characters; a '*' only at the end, for a pattern)."
+        )
+    if not isinstance(value, dict) or not value or set(value) - {"concurrency", "rate"}:
+        raise ImproperlyConfigured(
+            f"{where}[{name!r}] must be a dict with 'concurrency' (N units in flight) and/or "
+            f"'rate' ('N/s', 'N/m' or 'N/h'), not {value!r}."
+        )
+    concurrency = value.get("concurrency")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= INT_MAX
+    ):  # fmt: skip
+        raise ImproperlyConfigured(
+            f"{where}[{name!r}]['concurrency'] must be an integer from 1 to {INT_MAX}."
+        )
+    rate = value.get("rate")
+    parsed = None if rate is None else parse_rate(name, rate, setting="LIMITS")
+    return Spec(concurrency, parsed)
+
+
+def parse_limits(raw: Any) -> dict[str, Spec]:
+    """Return JOBQUEUE["LIMITS"] as {name or pattern: Spec}; ImproperlyConfigured if bad."""
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(
+            "JOBQUEUE['LIMITS'] must map resource names (or patterns ending in '*') to dicts "
+            "such as {'concurrency': 2} or {'rate': '500/m'}."
+        )
+    return {name: parse_spec(name, value) for name, value in raw.items()}
+
+
+def configured(settings: JobQueueSettings) -> dict[str, Spec]:
+    """The settings' LIMITS, parsed once for each value of the setting."""
+    return _parsed(json.dumps(settings.limits, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> dict[str, Spec]:
+    return parse_limits(json.loads(text))
+
+
+def find(name: str, specs: Mapping[str, Spec]) -> tuple[str, Spec] | None:
+    """The entry of `specs` that governs resource `name`: its own, else the longest pattern."""
+    if name in specs:
+        return name, specs[name]
+    patterns = [e for e in specs if e.endswith("*") and name.startswith(e[:-1])]
+    if not patterns:
+        return None
+    best = max(patterns, key=len)
+    return best, specs[best]
+
+
+def check_uses(uses: Any, specs: Mapping[str, Spec]) -> dict[str, int] | None:
+    """Return `uses` if every resource it names has a limit and units that fit; else raise
+    InvalidJobError (before anything is written)."""
+    if uses is None:
+        return None
+    if not isinstance(uses, Mapping):
+        raise InvalidJobError(f"uses must map resource names to units, not {uses!r}.")
+    checked = {}
+    for name, units in uses.items():
+        found = find(name, specs) if isinstance(name, str) else None
+        if found is None or UNSAFE_CHARS.search(name) or not 1 <= len(name) <= 255:
+            known = ", ".join(sorted(specs)) or "none: JOBQUEUE['LIMITS'] is empty"
+            raise InvalidJobError(
+                f"uses: {name!r} is not a resource of JOBQUEUE['LIMITS'] (known: {known})."
+            )
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise InvalidJobError(f"uses: the units of {name!r} must be an integer >= 1.")
+        cap = found[1].cap()
+        if cap is not None and units > cap:
+            raise InvalidJobError(
+                f"uses: {units} units of {name!r} could never start: its limit "
+                f"({found[0]!r}) allows {cap}."
+            )
+        checked[name] = units
+    return checked or None

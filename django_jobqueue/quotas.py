@@ -1,0 +1,227 @@
+"""What a claim may start under JOBQUEUE["LIMITS"]: each resource's room, and its lock.
+
+How a claim decides (`Resources.open` and `take`, inside the claim transaction; see `limits`
+for what the settings and `uses` say):
+- the candidate jobs, already locked (SKIP LOCKED), name their resources;
+- the `Limit` row of each resource (made on first use) is locked FOR UPDATE, in name order:
+  a claim waits only for claims of jobs that use one of the same resources, never for those
+  of another tenant's;
+- a resource's room: its concurrency cap minus the units of the jobs in flight that use it
+  (read from those jobs' rows), its rate minus the units started in its window
+  (`ResourceStart` rows), none while it is closed (`RateLimited`);
+- candidates are taken in order while every resource they use has room for their units.
+A limit changed with `jobqueue_limits set` is a `LimitSetting` row; each worker reads those
+at most every OVERRIDES_EVERY seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Q
+
+from .dialects import Dialect
+from .dialects.base import seconds
+from .dialects.functions import DbNow
+from .limits import Spec, find, parse_limits, parse_spec
+from .models import Job, Limit, LimitSetting, ResourceStart
+
+# Seconds a worker reuses the live changes it read (`jobqueue_limits set`): they apply within
+# about twice this.
+OVERRIDES_EVERY = 1.0
+# The window of a rate is held this much longer than its period (see ratelimits.MARGIN).
+MARGIN = 0.1
+
+
+@dataclasses.dataclass
+class Room:
+    """What one claim may still start of one resource."""
+
+    concurrency: int | None  # units that may still go in flight (None: no cap)
+    rate: int | None  # units that may still start in the window (None: no rate)
+    closed: bool = False
+
+    def fits(self, units: int) -> bool:
+        if self.closed:
+            return False
+        return all(left is None or units <= left for left in (self.concurrency, self.rate))
+
+    def take(self, units: int) -> None:
+        if self.concurrency is not None:
+            self.concurrency -= units
+        if self.rate is not None:
+            self.rate -= units
+
+
+class Resources:
+    """The LIMITS of one worker: the live changes, and the claim's check of each candidate."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.settings = parse_limits(dict(raw))
+        self._specs = dict(self.settings)
+        self._specs_until = 0.0
+        self._known: set[str] = set()  # resources whose Limit row exists already
+        # Resources found with no room, skipped by the next claims until then (monotonic).
+        self.full: dict[str, float] = {}
+        self.retry_at: float | None = None  # when a rate held back by its window has room
+        # The claim in progress: each resource's room, its limits, the rate-limited units taken.
+        self._rooms: dict[str, Room] = {}
+        self._governed: dict[str, Spec] = {}
+        self._started: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.settings)
+
+    def specs(self, using: str) -> dict[str, Spec]:
+        """The settings' LIMITS with the live changes applied, read at most every second."""
+        now = time.monotonic()
+        if now >= self._specs_until:
+            specs = dict(self.settings)
+            for name, concurrency, rate in LimitSetting.objects.using(using).values_list(
+                "name", "concurrency", "rate"
+            ):
+                value = {"concurrency": concurrency, "rate": rate or None}
+                try:
+                    specs[name] = parse_spec(name, {k: v for k, v in value.items() if v})
+                except ImproperlyConfigured:
+                    continue  # written by hand, badly: the settings' value holds
+            self._specs, self._specs_until = specs, now + OVERRIDES_EVERY
+        return self._specs
+
+    def skipped(self) -> list[str]:
+        """The resources a claim need not look at now (found without room a moment ago)."""
+        now = time.monotonic()
+        self.full = {name: until for name, until in self.full.items() if until > now}
+        return sorted(self.full)
+
+    def open(self, dialect: Dialect, uses: Iterable[Mapping[str, int] | None]) -> None:
+        """Lock the rows of the resources that `uses` name, and compute each one's room.
+
+        Runs in the claim transaction, after the candidate jobs were locked (SKIP LOCKED);
+        `take()` then admits them one by one, in the order the claim would take them.
+        """
+        names = sorted({name for used in uses for name in used or ()})
+        self._rooms, self._governed, self._started = {}, {}, {}
+        if not names:
+            return
+        specs = self.specs(dialect.using)
+        self._governed = {name: found[1] for name in names if (found := find(name, specs))}
+        self._rooms = self._compute_rooms(dialect, self._governed)
+        # A resource that LIMITS no longer names has no limit: its jobs are not held back.
+        for name in names:
+            if name not in self._governed:
+                self._rooms[name] = Room(None, None)
+
+    def take(self, uses: Mapping[str, int] | None) -> bool:
+        """Whether a job that uses `uses` may start now; if so, count its units as taken."""
+        if not uses:
+            return True
+        rooms = self._rooms
+        blocked = [n for n, units in uses.items() if n not in rooms or not rooms[n].fits(units)]
+        if blocked:
+            refill = time.monotonic() + min(0.25, OVERRIDES_EVERY)
+            self.full.update(dict.fromkeys(blocked, refill))
+            return False
+        for name, units in uses.items():
+            rooms[name].take(units)
+            if name in self._governed and self._governed[name].rate:
+                self._started[name] = self._started.get(name, 0) + units
+        return True
+
+    def _compute_rooms(self, dialect: Dialect, governed: Mapping[str, Spec]) -> dict[str, Room]:
+        using = dialect.using
+        new = [name for name in governed if name not in self._known]
+        if new:
+            Limit.objects.using(using).bulk_create(
+                [Limit(name=name) for name in new], ignore_conflicts=True
+            )
+            self._known.update(new)
+        # Blocking, in name order: a second claim of the same resource waits, then counts
+        # what the first one started.
+        rows = dialect.lock_blocking(
+            Limit.objects.using(using).filter(name__in=sorted(governed)).order_by("name")
+        )
+        now = dialect.now()
+        closed = {name for name, until in rows.values_list("name", "closed_until") if until
+                  and until > now}  # fmt: skip
+        capped = [name for name, spec in governed.items() if spec.concurrency is not None]
+        in_flight = _units_in_flight(using, capped)
+        started = self._started_in_windows(using, governed, now)
+        rooms = {}
+        for name, spec in governed.items():
+            concurrency = None
+            if spec.concurrency is not None:
+                concurrency = max(0, spec.concurrency - in_flight.get(name, 0))
+            rate = None if spec.rate is None else max(0, spec.rate[0] - started.get(name, 0))
+            rooms[name] = Room(concurrency, rate, name in closed)
+        return rooms
+
+    def _started_in_windows(
+        self, using: str, governed: Mapping[str, Spec], now: dt.datetime
+    ) -> dict[str, int]:
+        started: dict[str, int] = {}
+        first: dict[str, dt.datetime] = {}
+        for name, spec in governed.items():
+            if spec.rate is None:
+                continue
+            window = dt.timedelta(seconds=spec.rate[1] + MARGIN)
+            rows = ResourceStart.objects.using(using).filter(
+                resource=name, started_at__gt=now - window
+            )
+            for at, units in rows.order_by("started_at").values_list("started_at", "units"):
+                started[name] = started.get(name, 0) + units
+                first.setdefault(name, at)
+            if started.get(name, 0) >= spec.rate[0] and name in first:
+                reopens = (first[name] + window - now).total_seconds()
+                soonest = time.monotonic() + max(0.0, reopens) + 0.001
+                self.retry_at = soonest if self.retry_at is None else min(self.retry_at, soonest)
+        return started
+
+    def record_starts(self, dialect: Dialect) -> None:
+        """Count the rate-limited units the last claim started, at a clock read after the
+        claim stamped its jobs (see FairShare.record_starts), and forget old windows."""
+        if not self._started:
+            return
+        now = dialect.now()
+        starts = ResourceStart.objects.using(dialect.using)
+        starts.bulk_create(
+            ResourceStart(resource=name, started_at=now, units=units)
+            for name, units in sorted(self._started.items())
+        )
+        specs = self.specs(dialect.using)
+        for name in self._started:
+            found = find(name, specs)
+            if found and found[1].rate:
+                period = found[1].rate[1] + MARGIN
+                starts.filter(resource=name, started_at__lte=now - seconds(period)).delete()
+        self._started = {}
+
+
+def _units_in_flight(using: str, names: Iterable[str]) -> dict[str, int]:
+    """The units of each resource of `names` that the leased and running jobs use."""
+    names = list(names)
+    if not names:
+        return {}
+    jobs = Job.objects.using(using).in_flight().filter(uses__has_any_keys=names)
+    wanted, units = set(names), dict[str, int]()
+    for uses in jobs.values_list("uses", flat=True):
+        for name, n in (uses or {}).items():
+            if name in wanted:
+                units[name] = units.get(name, 0) + n
+    return units
+
+
+def close(dialect: Dialect, name: str, retry_after: float) -> None:
+    """Close resource `name` for `retry_after` seconds (from the database's now): no claim
+    starts a job that uses it until then. A later reopening time wins."""
+    using = dialect.using
+    Limit.objects.using(using).bulk_create([Limit(name=name)], ignore_conflicts=True)
+    until = DbNow() + seconds(retry_after)
+    Limit.objects.using(using).filter(name=name).filter(
+        Q(closed_until__isnull=True) | Q(closed_until__lt=until)
+    ).update(closed_until=until)
