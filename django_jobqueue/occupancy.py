@@ -1,0 +1,109 @@
+"""The limits of JOBQUEUE["LIMITS"] as operators see them and change them: what each holds
+now (`jobqueue_limits`, the admin's Limits page), and the live changes workers pick up.
+
+Reads only: the Limit rows (one per resource used so far), the jobs in flight (through the
+leases' index), the rate windows, and the ready jobs that name a resource (at most
+WAITING_SCAN of them are counted).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from . import conf, limits, quotas
+from .dialects import Dialect
+from .exceptions import InvalidJobError
+from .models import Job, Limit, LimitSetting, ResourceStart
+
+WAITING_SCAN = 100_000  # ready jobs with `uses` read to count the jobs waiting per resource
+
+
+def current(dialect: Dialect) -> dict[str, limits.Spec]:
+    """The settings' LIMITS with the live changes applied (as workers see them)."""
+    return quotas.Resources(conf.get().limits).specs(dialect.using)
+
+
+def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
+    """One entry per resource (each configured name, each resource used so far): its limit,
+    what it holds now and how many ready jobs wait for it; sorted by name."""
+    using = dialect.using
+    settings = limits.configured(conf.get())
+    specs = current(dialect)
+    changed = set(LimitSetting.objects.using(using).values_list("name", flat=True))
+    rows = dict(Limit.objects.using(using).values_list("name", "closed_until"))
+    names = sorted({*rows, *(n for n in specs if not n.endswith("*"))})
+    now = dialect.now()
+    in_flight: dict[str, int] = {}
+    for uses in (
+        Job.objects.using(using)
+        .in_flight()
+        .filter(uses__isnull=False)
+        .values_list("uses", flat=True)
+    ):
+        for name, units in (uses or {}).items():
+            in_flight[name] = in_flight.get(name, 0) + units
+    waiting: dict[str, int] = {}
+    ready = Job.objects.using(using).filter(state=Job.State.READY, uses__isnull=False)
+    for uses in ready.values_list("uses", flat=True)[:WAITING_SCAN]:
+        for name in uses or {}:
+            waiting[name] = waiting.get(name, 0) + 1
+    longest = max((s.rate[1] for s in specs.values() if s.rate), default=0)
+    starts = ResourceStart.objects.using(using).filter(
+        started_at__gt=now - dt.timedelta(seconds=longest + quotas.MARGIN)
+    )
+    recent = list(starts.values_list("resource", "started_at", "units"))
+    entries = []
+    for name in names:
+        found = limits.find(name, specs)
+        entry, spec = found if found else (None, limits.Spec())
+        started = None
+        if spec.rate:
+            window = now - dt.timedelta(seconds=spec.rate[1] + quotas.MARGIN)
+            started = sum(u for r, at, u in recent if r == name and at > window)
+        closed = rows.get(name)
+        entries.append(
+            {
+                "name": name,
+                "limit": entry,
+                **spec.describe(),
+                "in_flight": in_flight.get(name, 0),
+                "started_in_window": started,
+                "closed_until": closed.isoformat() if closed and closed > now else None,
+                "waiting": waiting.get(name, 0),
+                "changed": entry in changed,
+                "settings": None
+                if entry is None or entry not in settings
+                else settings[entry].describe(),
+            }
+        )
+    return entries
+
+
+def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str | None) -> None:
+    """Change limit `name` (a LIMITS entry, or a resource an entry governs) while workers run;
+    they apply it within about two seconds. InvalidJobError for a bad name or value."""
+    specs = limits.configured(conf.get())
+    if limits.find(name, specs) is None:
+        known = ", ".join(sorted(specs)) or "none"
+        raise InvalidJobError(f"{name!r} is not a limit of JOBQUEUE['LIMITS'] (known: {known}).")
+    value = {k: v for k, v in {"concurrency": concurrency, "rate": rate}.items() if v is not None}
+    try:
+        limits.parse_spec(name, value, where="jobqueue_limits set")
+    except Exception as exc:  # ImproperlyConfigured: a bad value, said in the settings' words
+        raise InvalidJobError(str(exc)) from None
+    LimitSetting.objects.using(dialect.using).update_or_create(
+        name=name, defaults={"concurrency": concurrency, "rate": rate or ""}
+    )
+
+
+def reset_limit(dialect: Dialect, name: str) -> bool:
+    """Go back to the settings' value of limit `name`; False if it was not changed."""
+    deleted, _ = LimitSetting.objects.using(dialect.using).filter(name=name).delete()
+    return bool(deleted)
+
+
+def reopen(dialect: Dialect, name: str) -> bool:
+    """Open resource `name` again at once (after a `RateLimited`); False if it was not closed."""
+    closed = Limit.objects.using(dialect.using).filter(name=name, closed_until__isnull=False)
+    return bool(closed.update(closed_until=None))

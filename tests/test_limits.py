@@ -1,0 +1,260 @@
+"""JOBQUEUE["LIMITS"] and `uses=`: what is refused, what every entry point stores, and what a
+claim admits (several limits, patterns, costs, cooldowns, live changes). The same across
+worker processes: tests/test_limits_workers.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from io import StringIO
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+import django_jobqueue as jobqueue
+from django_jobqueue import attempts, conf, leases, outcomes
+from django_jobqueue.dialects import get_dialect
+from django_jobqueue.exceptions import InvalidJobError
+from django_jobqueue.fairshare import FairShare
+from django_jobqueue.models import Job, Limit
+from django_jobqueue.testing import run_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIMITS = {
+    "api": {"concurrency": 2},
+    "openai": {"rate": "500/m"},
+    "tokens": {"rate": "100/s"},
+    "tenant:*": {"concurrency": 1},
+    "tenant:vip*": {"concurrency": 3},
+}
+
+
+@pytest.fixture(autouse=True)
+def limits(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": LIMITS}
+
+
+def claim(limit: int = 10, owner: str = "w") -> list[int]:
+    """One claim, as a worker's dispatcher makes it; the ids it took."""
+    fair_share = FairShare(conf.get())
+    jobs = leases.claim(
+        get_dialect("default"), owner=owner, queues=[], limit=limit, lease_ttl=60,
+        fair_share=fair_share,
+    )  # fmt: skip
+    return [job.pk for job in jobs]
+
+
+def work(uses=None, **options):
+    return jobqueue.enqueue("limits.work", uses=uses, **options)
+
+
+# -- bad input, before anything is written -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uses", "match"),
+    [
+        ({"nope": 1}, "not a resource"),
+        ({"api": 0}, ">= 1"),
+        ({"api": True}, ">= 1"),
+        ({"api": 3}, "could never start"),
+        ({"tokens": 101}, "could never start"),
+        ({"tenant:42": 2}, "could never start"),
+        (["api"], "must map"),
+        ({"tenant:\x1b": 1}, "not a resource"),
+    ],
+)
+def test_bad_uses_are_refused_before_any_write(uses, match):
+    with pytest.raises(InvalidJobError, match=match):
+        work(uses=uses)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"api": 2},
+        {"api": {"concurrency": 0}},
+        {"api": {"rate": "5/d"}},
+        {"api": {"burst": 1}},
+        {"a*b": {"concurrency": 1}},
+        {"": {"concurrency": 1}},
+    ],
+)
+def test_malformed_limits_are_a_check_error(settings, bad):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": bad}
+    assert "django_jobqueue.E001" in [m.id for m in run_checks()]
+
+
+def test_rate_limited_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="negative"):
+        jobqueue.RateLimited("api", retry_after=-1)
+    with pytest.raises(TypeError):
+        jobqueue.RateLimited("api", retry_after="20")
+    with pytest.raises(TypeError):
+        jobqueue.RateLimited(42, retry_after=1)  # type: ignore[arg-type]
+
+
+# -- uses on every entry point -------------------------------------------------------------------
+
+
+def test_every_entry_point_stores_what_a_job_uses():
+    uses = {"api": 1, "tenant:7": 1}
+    one = work(uses=uses)
+    [many] = jobqueue.enqueue_many([{"type": "limits.work", "uses": uses}])
+    with jobqueue.graph() as g:
+        node = g.add("limits.work", uses=uses)
+    assert {tuple(sorted(Job.objects.get(pk=j.pk).uses.items())) for j in (one, many, node)} == {
+        (("api", 1), ("tenant:7", 1))
+    }
+
+
+def test_a_handler_gives_a_default_from_the_arguments():
+    job = jobqueue.enqueue("limits.tenant_work", {"tenant": 42})
+    assert Job.objects.get(pk=job.pk).uses == {"tenant:42": 1}
+    assert Job.objects.get(pk=jobqueue.enqueue("limits.static_default").pk).uses == {"api": 1}
+    mine = jobqueue.enqueue("limits.tenant_work", {"tenant": 42}, uses={"api": 1})
+    assert Job.objects.get(pk=mine.pk).uses == {"api": 1}  # given: the default is not used
+
+
+def test_a_schedule_passes_what_its_jobs_use(settings):
+    from django_jobqueue import schedules
+
+    schedule = schedules.parse("s", {"handler": "limits.work", "every": 60, "uses": {"api": 1}})
+    assert schedule.job_options(timezone.now()).uses == {"api": 1}
+    with pytest.raises(Exception, match="not a resource"):
+        schedules.parse("s", {"handler": "limits.work", "every": 60, "uses": {"no": 1}})
+
+
+# -- the claim -------------------------------------------------------------------------------------
+
+
+def test_a_pattern_gives_every_tenant_its_own_cap():
+    first = [work(uses={"tenant:1": 1}) for _ in range(3)]
+    second = [work(uses={"tenant:2": 1}) for _ in range(2)]
+    taken = claim()
+    assert taken == [first[0].pk, second[0].pk]
+    assert claim() == []  # both tenants are at their cap
+    vip = [work(uses={"tenant:vip9": 1}) for _ in range(4)]  # the longest pattern wins: 3
+    assert claim() == [j.pk for j in vip[:3]]
+    assert set(Limit.objects.values_list("name", flat=True)) == {
+        "tenant:1",
+        "tenant:2",
+        "tenant:vip9",
+    }
+
+
+def test_a_job_meets_every_limit_it_uses():
+    both = [work(uses={"api": 1, "tenant:7": 1}) for _ in range(2)]
+    api_only = [work(uses={"api": 1}) for _ in range(3)]
+    # tenant:7 takes one; api (cap 2) one more, from the jobs that only use it.
+    assert claim() == [both[0].pk, api_only[0].pk]
+    assert claim() == []
+
+
+def test_costs_count_against_a_rate():
+    jobs = [work(uses={"tokens": 30}) for _ in range(5)]
+    assert claim() == [j.pk for j in jobs[:3]]  # 90 of 100 tokens this second
+    assert claim() == []
+
+
+def test_jobs_without_uses_are_not_held_back():
+    held = [work(uses={"api": 1}) for _ in range(3)]
+    free = [work() for _ in range(3)]
+    assert sorted(claim()) == sorted([held[0].pk, held[1].pk, *(j.pk for j in free)])
+
+
+def test_a_rate_limited_job_closes_its_resource_and_waits_without_using_its_attempt():
+    limited = jobqueue.enqueue(
+        "limits.rate_limited_once", {"resource": "api", "retry_after": 0.5}, uses={"api": 1},
+        max_attempts=1,
+    )  # fmt: skip
+    other = work(uses={"api": 1})
+    dialect, settings = get_dialect("default"), conf.get()
+    [claimed] = leases.claim(dialect, owner="w", queues=[], limit=1, lease_ttl=60,
+                             fair_share=FairShare(settings))  # fmt: skip
+    assert claimed.pk == limited.pk
+    flight = attempts.InFlight(
+        job=claimed, lease=leases.Lease(claimed.pk, "w", claimed.attempts), claimed=0.0
+    )
+    outcome = attempts.run(dialect, settings, flight)  # as a worker's handler thread does
+    assert isinstance(outcome.error, jobqueue.RateLimited)
+    assert outcomes.record(dialect, settings, "w", [outcome]) == []  # as its completer does
+    row = Job.objects.get(pk=limited.pk)
+    assert (row.state, row.attempts, row.lease_owner) == ("scheduled", 0, None)
+    assert Limit.objects.get(name="api").closed_until is not None
+    assert claim() == []  # api is closed: `other` waits, though api has room
+    time.sleep(0.6)
+    run_jobs(ignore_delays=False)
+    done = Job.objects.get(pk=limited.pk)
+    assert (done.state, done.attempts, done.result) == ("done", 1, "after the cooldown")
+    assert Job.objects.get(pk=other.pk).state == "done"
+
+
+# -- jobqueue_limits --------------------------------------------------------------------------
+
+
+def limits_json() -> dict:
+    out = StringIO()
+    call_command("jobqueue_limits", "--json", stdout=out)
+    return {e["name"]: e for e in json.loads(out.getvalue())["limits"]}
+
+
+def test_the_command_lists_occupancy_and_changes_a_limit_live():
+    [work(uses={"tenant:1": 1}) for _ in range(3)]
+    work(uses={"tokens": 30})
+    claim()
+    shown = limits_json()
+    assert shown["tenant:1"] == {
+        "name": "tenant:1",
+        "limit": "tenant:*",
+        "concurrency": 1,
+        "rate": None,
+        "in_flight": 1,
+        "started_in_window": None,
+        "closed_until": None,
+        "waiting": 2,
+        "changed": False,
+        "settings": {"concurrency": 1, "rate": None},
+    }
+    assert shown["tokens"]["started_in_window"] == 30 and shown["tokens"]["rate"] == "100/s"
+    assert shown["api"]["in_flight"] == 0  # configured, never used
+    call_command("jobqueue_limits", "set", "tenant:*", "--concurrency", "3", stdout=StringIO())
+    assert limits_json()["tenant:1"]["concurrency"] == 3
+    assert limits_json()["tenant:1"]["changed"] is True
+    text = StringIO()
+    call_command("jobqueue_limits", stdout=text)
+    assert "tenant:* (changed)" in text.getvalue()
+    call_command("jobqueue_limits", "reset", "tenant:*", stdout=StringIO())
+    assert limits_json()["tenant:1"]["concurrency"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["set", "nope", "--concurrency", "1"], "not a limit"),
+        (["set", "api"], "Give --concurrency"),
+        (["set", "api", "--concurrency", "0"], "concurrency"),
+        (["set", "api", "--rate", "5/d"], "N/s"),
+        (["set", "bad\x1bname", "--concurrency", "1"], "control characters"),
+    ],
+)
+def test_the_command_refuses_bad_changes(argv, match):
+    with pytest.raises(CommandError, match=match):
+        call_command("jobqueue_limits", *argv, stdout=StringIO())
+
+
+def test_a_live_change_applies_to_the_next_claims():
+    jobs = [work(uses={"tenant:5": 1}) for _ in range(4)]
+    assert claim() == [jobs[0].pk]
+    call_command("jobqueue_limits", "set", "tenant:5", "--concurrency", "3", stdout=StringIO())
+    assert claim() == [jobs[1].pk, jobs[2].pk]  # a fresh worker reads the change at once
+
+
+def test_limits_without_entries_in_settings_hold_back_nothing(settings):
+    job = work(uses={"api": 1})
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {}}
+    assert claim() == [job.pk]  # a resource LIMITS no longer names has no limit
