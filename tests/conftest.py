@@ -139,10 +139,14 @@ class ForkServer:
         if self.proc is None or self.proc.poll() is not None:
             self._launch()
         channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        channel.connect(self.path)
-        request = {"args": args, "log": str(log), "cwd": str(ROOT)}
-        channel.sendall(json.dumps(request).encode() + b"\n")
-        return ForkedProcess(channel, args)
+        try:
+            channel.connect(self.path)
+            request = {"args": args, "log": str(log), "cwd": str(ROOT)}
+            channel.sendall(json.dumps(request).encode() + b"\n")
+            return ForkedProcess(channel, args)
+        except BaseException:
+            channel.close()
+            raise
 
     def _launch(self) -> None:
         if os.path.exists(self.path):
@@ -203,7 +207,11 @@ class WorkerProcess:
         self._log = log.open("w")
         self.proc: subprocess.Popen[bytes] | ForkedProcess
         if env is None and "--reload" not in args:
-            self.proc = fork_server().start(args, log)
+            try:
+                self.proc = fork_server().start(args, log)
+            except BaseException:
+                self._log.close()
+                raise
             return
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "jobqueue_worker", *args],

@@ -58,8 +58,11 @@ def _run_child(request: dict[str, Any]) -> None:
 def main(path: str) -> None:
     _preload()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
+    # Bound under another name and renamed once listening: the client waits for `path` to
+    # exist, and a socket file that exists before listen() refuses connections.
+    server.bind(f"{path}.new")
     server.listen(64)
+    os.rename(f"{path}.new", path)
     parent = os.getppid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
