@@ -19,7 +19,7 @@ from django.db.models.functions import TruncMinute
 from . import containers, registry
 from .dialects import Dialect
 from .dialects.base import seconds
-from .models import Job, Worker
+from .models import Job, Limit, Worker
 
 DEFAULT_MINUTES = 5  # throughput window
 DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check fails
@@ -142,6 +142,15 @@ def collect(
         "oldest_ready_age": oldest[1] if oldest is not None else None,
         "leases": leases,
         "running": running,
+        # Resources of LIMITS that a RateLimited closed, until when (database clock).
+        "closed_resources": {
+            name: until.astimezone(dt.UTC).isoformat()
+            for name, until in Limit.objects.using(using)
+            .filter(closed_until__gt=now)
+            .order_by("name")
+            .values_list("name", "closed_until")
+            if until is not None
+        },
         "workers": {"live": len(live), "stale": len(workers) - len(live)},
         "unserved_queues": unserved,
         "open_containers": open_containers,

@@ -258,3 +258,15 @@ def test_limits_without_entries_in_settings_hold_back_nothing(settings):
     job = work(uses={"api": 1})
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {}}
     assert claim() == [job.pk]  # a resource LIMITS no longer names has no limit
+
+
+def test_the_stats_show_a_closed_resource():
+    from django_jobqueue import quotas
+
+    quotas.close(get_dialect("default"), "api", 60)
+    out = StringIO()
+    call_command("jobqueue_stats", "--json", stdout=out)
+    assert list(json.loads(out.getvalue())["closed_resources"]) == ["api"]
+    text = StringIO()
+    call_command("jobqueue_stats", stdout=text)
+    assert "Closed by RateLimited: api until " in text.getvalue()

@@ -145,6 +145,11 @@ def render(figures: dict[str, Any]) -> list[str]:
             f"{opened['oldest_age']:.0f}s ago), {opened['idle']} idle past the threshold"
             + (": " + ", ".join(str(pk) for pk in opened["idle_ids"]) if opened["idle"] else "")
         )
+    if figures["closed_resources"]:
+        lines.append(
+            "Closed by RateLimited: "
+            + ", ".join(f"{n} until {t}" for n, t in figures["closed_resources"].items())
+        )
     if figures["unserved_queues"]:
         lines.append("Ready jobs no live worker serves: " + _pairs(figures["unserved_queues"]))
     unknown = figures["unknown_handlers"]
