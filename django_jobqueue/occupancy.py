@@ -32,7 +32,7 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     specs = current(dialect)
     changed = set(LimitSetting.objects.using(using).values_list("name", flat=True))
     rows = dict(Limit.objects.using(using).values_list("name", "closed_until"))
-    names = sorted({*rows, *(n for n in specs if not n.endswith("*"))})
+    names = sorted({*rows, *specs})
     now = dialect.now()
     in_flight: dict[str, int] = {}
     for uses in (
@@ -55,6 +55,9 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     recent = list(starts.values_list("resource", "started_at", "units"))
     entries = []
     for name in names:
+        if name.endswith("*") and name in specs:  # a pattern: the sums of its resources
+            entries.append(_pattern(name, specs, settings, changed, in_flight, waiting))
+            continue
         found = limits.find(name, specs)
         entry, spec = found if found else (None, limits.Spec())
         started = None
@@ -107,3 +110,31 @@ def reopen(dialect: Dialect, name: str) -> bool:
     """Open resource `name` again at once (after a `RateLimited`); False if it was not closed."""
     closed = Limit.objects.using(dialect.using).filter(name=name, closed_until__isnull=False)
     return bool(closed.update(closed_until=None))
+
+
+def _pattern(
+    name: str,
+    specs: dict[str, limits.Spec],
+    settings: dict[str, limits.Spec],
+    changed: set[str],
+    in_flight: dict[str, int],
+    waiting: dict[str, int],
+) -> dict[str, Any]:
+    """A pattern's row: its limits (each resource it matches has its own), and the units in
+    flight and the jobs waiting summed over those resources."""
+
+    def mine(resource: str) -> bool:
+        found = limits.find(resource, specs)
+        return found is not None and found[0] == name
+
+    return {
+        "name": name,
+        "limit": name,
+        **specs[name].describe(),
+        "in_flight": sum(n for r, n in in_flight.items() if mine(r)),
+        "started_in_window": None,
+        "closed_until": None,
+        "waiting": sum(n for r, n in waiting.items() if mine(r)),
+        "changed": name in changed,
+        "settings": settings[name].describe() if name in settings else None,
+    }

@@ -1,11 +1,19 @@
-"""The operators' admin: jobs, live leases, dead jobs, workers, an overview, and actions.
+"""The operators' admin: jobs, live leases, dead jobs, workers, limits, an overview, actions.
 
 Importing this package registers every page with the default admin site.
 """
 
 from .jobs import JobAdmin
+from .limits import LimitAdmin
 from .lists import DeadJobAdmin, LiveLeaseAdmin
 from .overview import QueueOverviewAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["DeadJobAdmin", "JobAdmin", "LiveLeaseAdmin", "QueueOverviewAdmin", "WorkerAdmin"]
+__all__ = [
+    "DeadJobAdmin",
+    "JobAdmin",
+    "LimitAdmin",
+    "LiveLeaseAdmin",
+    "QueueOverviewAdmin",
+    "WorkerAdmin",
+]

@@ -1,0 +1,106 @@
+"""The Limits page: each limit of JOBQUEUE["LIMITS"] with what it holds now, and the actions
+of `jobqueue_limits` (change a limit, reset it, reopen a resource closed by RateLimited)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from .. import conf, occupancy, validation
+from ..dialects import get_dialect
+from ..exceptions import InvalidJobError
+from ..models import Limit
+from . import display
+
+logger = logging.getLogger("django_jobqueue.admin.actions")
+ACTIONS = ("set", "reset", "reopen")
+
+
+class LimitActionForm(forms.Form):
+    """One action on one limit, posted from the page."""
+
+    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS])
+    name = forms.CharField(max_length=255)
+    concurrency = forms.IntegerField(required=False, min_value=1)
+    rate = forms.CharField(required=False, max_length=40)
+
+
+@admin.register(Limit)
+class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """One page instead of a list of lock rows: occupancy, and changes that apply live."""
+
+    class Media:
+        css = {"all": [display.STYLESHEET]}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        dialect = get_dialect(conf.get().database)
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            self._act(request, dialect)
+            return HttpResponseRedirect(reverse("admin:django_jobqueue_limit_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Limits",
+            "opts": self.model._meta,
+            "entries": occupancy.occupancy(dialect),
+            "can_change": self.has_change_permission(request),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_jobqueue/limits.html", context)
+
+    def change_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:django_jobqueue_limit_changelist"))
+
+    def _act(self, request: HttpRequest, dialect: Any) -> None:
+        form = LimitActionForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, f"Nothing was changed: {form.errors.as_text()}")
+            return
+        data = form.cleaned_data
+        name = data["name"]
+        try:
+            validation.check_label("limit name", name, 255)
+            if data["action"] == "set":
+                if data["concurrency"] is None and not data["rate"]:
+                    raise InvalidJobError("give a concurrency, a rate, or both")
+                occupancy.set_limit(
+                    dialect, name, concurrency=data["concurrency"], rate=data["rate"] or None
+                )
+                done = f"Changed limit {name!r}; running workers apply it within 2 s."
+            elif data["action"] == "reset":
+                changed = occupancy.reset_limit(dialect, name)
+                done = (
+                    f"Limit {name!r} is back to its settings."
+                    if changed
+                    else (f"Limit {name!r} was not changed.")
+                )
+            else:
+                reopened = occupancy.reopen(dialect, name)
+                done = f"Reopened {name!r}." if reopened else f"{name!r} was not closed."
+        except InvalidJobError as exc:
+            messages.error(request, f"Nothing was changed: {exc}")
+            return
+        logger.info(
+            "Admin user %s %s limit %r (concurrency=%s rate=%s)",
+            request.user.get_username(), data["action"], name, data["concurrency"],
+            data["rate"] or None,
+        )  # fmt: skip
+        messages.success(request, done)
