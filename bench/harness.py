@@ -54,10 +54,14 @@ def reset() -> None:
         JobEvent,
         JobStep,
         JobWait,
+        Limit,
+        LimitSetting,
+        ResourceStart,
         Worker,
     )
 
     models = (JobStep, JobWait, JobEvent, JobDependency, Job, Worker, ConcurrencyLimit)
+    models += (Limit, LimitSetting, ResourceStart)
     tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -76,14 +80,15 @@ def reset() -> None:
 def analyze() -> None:
     from django.db import connection
 
-    from django_jobqueue.models import Job
+    from django_jobqueue.models import Job, Limit
 
+    tables = ", ".join(m._meta.db_table for m in (Job, Limit))
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
-            cursor.execute(f"ANALYZE TABLE {Job._meta.db_table}")
+            cursor.execute(f"ANALYZE TABLE {tables}")
             cursor.fetchall()
         elif connection.vendor == "postgresql":
-            cursor.execute(f"VACUUM ANALYZE {Job._meta.db_table}")
+            cursor.execute(f"VACUUM ANALYZE {tables}")
         else:
             cursor.execute("ANALYZE")
 

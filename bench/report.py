@@ -83,6 +83,11 @@ def main() -> None:
             what = f"claim ms, 1M finished + 100k scheduled / empty ({db})"
             ok = cost["ratio"] <= 1.2
             rows.append(line(what, cost["full_ms"], cost["empty_ms"], "<= 1.2x", ok))
+        quota = own.get(("limits_claim", db, ""))
+        if quota:
+            what = f"claim ms, 10,000 tenant:* resources / no limits ({db})"
+            ok = quota["ratio"] <= 2
+            rows.append(line(what, quota["tenants_ms"], quota["plain_ms"], "<= 2x", ok))
         for shape in ("dag", "container"):
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))

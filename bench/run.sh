@@ -17,6 +17,7 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.enqueue --jobs 5000
     BENCH_DB=$db "$PY" -m bench.workflows --jobs 10000
     BENCH_DB=$db "$PY" -m bench.claim_cost
+    BENCH_DB=$db "$PY" -m bench.limits_claim
     BENCH_DB=$db "$PY" -m bench.durable
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 20000 300000
     BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15

@@ -240,13 +240,17 @@ class FairShare:
         # A group the hook was not asked about (the view changed meanwhile) starts nothing.
         dynamic = {g: dynamic.get(g, 0) for g in groups} if self.dynamic else {}
         self._lock_limits(dialect, groups)
-        in_flight = dict(
-            jobs.in_flight()
-            .filter(group_key__in=groups)
-            .values_list("group_key")
-            .annotate(n=Count("pk"))
-            .values_list("group_key", "n")
-        )
+        in_flight: dict[str, int] = {}
+        # The groups' jobs in flight weigh the split and cap a group: moot for a lone group
+        # that no group cap governs (LIMITS alone, one group: a claim spares a query).
+        if len(groups) > 1 or self.group_limits or self.dynamic:
+            in_flight = dict(
+                jobs.in_flight()
+                .filter(group_key__in=groups)
+                .values_list("group_key")
+                .annotate(n=Count("pk"))
+                .values_list("group_key", "n")
+            )
         room = {
             g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
             for g in groups

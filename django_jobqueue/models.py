@@ -28,8 +28,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state=Job.State.SCHEDULED, run_after__lte=DbNow())
 
     def in_flight(self) -> JobQuerySet:
-        """Jobs held by a worker's lease."""
-        return self.filter(state__in=Job.LEASED_STATES)
+        """Jobs held by a worker's lease (`leased` or `running`).
+
+        Said through `lease_expires`, which the lease-shape constraint ties to those states,
+        so that the partial index of the leases finds them without reading the table: the
+        claim counts the jobs in flight under every limit.
+        """
+        return self.filter(lease_expires__isnull=False)
 
     def expired(self) -> JobQuerySet:
         """Jobs whose lease has run out by the database clock."""

@@ -29,7 +29,7 @@ from .dialects import Dialect
 from .dialects.base import seconds
 from .dialects.functions import DbNow
 from .limits import Spec, find, parse_limits, parse_spec
-from .models import Job, Limit, LimitSetting, ResourceStart
+from .models import Limit, LimitSetting, ResourceStart
 
 # Seconds a worker reuses the live changes it read (`jobqueue_limits set`): they apply within
 # about twice this.
@@ -65,7 +65,6 @@ class Resources:
         self.settings = parse_limits(dict(raw))
         self._specs = dict(self.settings)
         self._specs_until = 0.0
-        self._known: set[str] = set()  # resources whose Limit row exists already
         # Resources found with no room, skipped by the next claims until then (monotonic).
         self.full: dict[str, float] = {}
         self.retry_at: float | None = None  # when a rate held back by its window has room
@@ -134,24 +133,12 @@ class Resources:
         return True
 
     def _compute_rooms(self, dialect: Dialect, governed: Mapping[str, Spec]) -> dict[str, Room]:
-        using = dialect.using
-        new = [name for name in governed if name not in self._known]
-        if new:
-            Limit.objects.using(using).bulk_create(
-                [Limit(name=name) for name in new], ignore_conflicts=True
-            )
-            self._known.update(new)
-        # Blocking, in name order: a second claim of the same resource waits, then counts
-        # what the first one started.
-        rows = dialect.lock_blocking(
-            Limit.objects.using(using).filter(name__in=sorted(governed)).order_by("name")
-        )
-        now = dialect.now()
-        closed = {name for name, until in rows.values_list("name", "closed_until") if until
-                  and until > now}  # fmt: skip
+        rows, now = self._lock(dialect, sorted(governed))
+        closed = {name for name, until in rows if until and until > now}
         capped = [name for name, spec in governed.items() if spec.concurrency is not None]
-        in_flight = _units_in_flight(using, capped)
-        started = self._started_in_windows(using, governed, now)
+        in_flight = _units_in_flight(dialect, capped)
+        rated = {name: spec.rate for name, spec in governed.items() if spec.rate}
+        started = self._started_in_windows(dialect.using, rated, now)
         rooms = {}
         for name, spec in governed.items():
             concurrency = None
@@ -161,23 +148,45 @@ class Resources:
             rooms[name] = Room(concurrency, rate, name in closed)
         return rooms
 
+    def _lock(
+        self, dialect: Dialect, names: list[str]
+    ) -> tuple[list[tuple[str, dt.datetime | None]], dt.datetime]:
+        """Lock the `Limit` rows of `names` (made first if missing), in name order, blocking:
+        a second claim of the same resource waits, then counts what the first one started.
+        Return each row's (name, closed_until), and the database's time at the lock."""
+        # A resource has its row from its first claim on: then this is one statement. Rows
+        # found missing are made (ignoring those another claim made meanwhile) and all are
+        # locked again. A rare deadlock among claims making rows is retried (is_transient).
+        rows, now = dialect.lock_resources(names)
+        if len(rows) < len(names):
+            found = {row[0] for row in rows}
+            Limit.objects.using(dialect.using).bulk_create(
+                [Limit(name=name) for name in names if name not in found], ignore_conflicts=True
+            )
+            rows, now = dialect.lock_resources(names)
+        return rows, now
+
     def _started_in_windows(
-        self, using: str, governed: Mapping[str, Spec], now: dt.datetime
+        self, using: str, rated: Mapping[str, tuple[int, int]], now: dt.datetime
     ) -> dict[str, int]:
+        """The units each rate-limited resource started in its window (one query for all)."""
+        if not rated:
+            return {}
+        windows = {name: dt.timedelta(seconds=rate[1] + MARGIN) for name, rate in rated.items()}
+        rows = ResourceStart.objects.using(using).filter(
+            resource__in=sorted(rated), started_at__gt=now - max(windows.values())
+        )
         started: dict[str, int] = {}
         first: dict[str, dt.datetime] = {}
-        for name, spec in governed.items():
-            if spec.rate is None:
-                continue
-            window = dt.timedelta(seconds=spec.rate[1] + MARGIN)
-            rows = ResourceStart.objects.using(using).filter(
-                resource=name, started_at__gt=now - window
-            )
-            for at, units in rows.order_by("started_at").values_list("started_at", "units"):
+        for name, at, units in rows.order_by("started_at").values_list(
+            "resource", "started_at", "units"
+        ):
+            if at > now - windows[name]:
                 started[name] = started.get(name, 0) + units
                 first.setdefault(name, at)
-            if started.get(name, 0) >= spec.rate[0] and name in first:
-                reopens = (first[name] + window - now).total_seconds()
+        for name, (cap, _) in rated.items():
+            if started.get(name, 0) >= cap and name in first:
+                reopens = (first[name] + windows[name] - now).total_seconds()
                 soonest = time.monotonic() + max(0.0, reopens) + 0.001
                 self.retry_at = soonest if self.retry_at is None else min(self.retry_at, soonest)
         return started
@@ -202,14 +211,12 @@ class Resources:
         self._started = {}
 
 
-def _units_in_flight(using: str, names: Iterable[str]) -> dict[str, int]:
+def _units_in_flight(dialect: Dialect, names: list[str]) -> dict[str, int]:
     """The units of each resource of `names` that the leased and running jobs use."""
-    names = list(names)
     if not names:
         return {}
-    jobs = Job.objects.using(using).in_flight().filter(uses__has_any_keys=names)
     wanted, units = set(names), dict[str, int]()
-    for uses in jobs.values_list("uses", flat=True):
+    for uses in dialect.uses_in_flight(names):
         for name, n in (uses or {}).items():
             if name in wanted:
                 units[name] = units.get(name, 0) + n

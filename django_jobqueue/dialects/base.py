@@ -38,7 +38,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 
-from ..models import Job, JobDependency, JobQuerySet
+from ..models import Job, JobDependency, JobQuerySet, Limit
 from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
 from .functions import DbNow
 
@@ -125,17 +125,52 @@ class Dialect:
         sql, params = self.clock_sql()
         with self.connection.cursor() as cursor:
             cursor.execute(f"SELECT {sql}", params)
-            value: Any = cursor.fetchone()[0]
-        if isinstance(value, str):  # SQLite returns its clock as text
-            value = dt.datetime.fromisoformat(value)
-        if value.tzinfo is None:  # stored datetimes are UTC (USE_TZ, see E003)
-            value = value.replace(tzinfo=dt.UTC)
-        moment: dt.datetime = value.astimezone(dt.UTC)
-        return moment
+            return aware(cursor.fetchone()[0])
 
     def clock_sql(self) -> tuple[str, list[Any]]:
         """The SQL of the server's clock at the moment a statement runs."""
         return self.compile(DbNow())
+
+    # -- the resources of JOBQUEUE["LIMITS"] (quotas.py) ---------------------------------------
+    # Raw statements: a claim under LIMITS runs both, and the ORM took four times as long as
+    # the database to build them.
+
+    # How a SELECT waits for and locks its rows (none on SQLite: its writers take turns).
+    blocking_lock_sql = " FOR UPDATE"
+
+    def lock_resources(
+        self, names: Sequence[str]
+    ) -> tuple[list[tuple[str, dt.datetime | None]], dt.datetime]:
+        """Lock the existing `Limit` rows of `names`, in name order, waiting for their holders.
+
+        Return each row's (name, closed_until), and the database's time.
+        """
+        clock, params = self.clock_sql()
+        marks = ", ".join(["%s"] * len(names))
+        sql = (
+            f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
+            f"WHERE name IN ({marks}) ORDER BY name{self.blocking_lock_sql}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, *names])
+            rows = cursor.fetchall()
+        now = aware(rows[0][2]) if rows else self.now()
+        return [(name, aware(until) if until else None) for name, until, _ in rows], now
+
+    def uses_in_flight(self, names: Sequence[str]) -> list[dict[str, int]]:
+        """The `uses` of the leased and running jobs that use any resource of `names`."""
+        sql, params = self.uses_any_sql(names)
+        table = self.qn(Job._meta.db_table)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT uses FROM {table} WHERE lease_expires IS NOT NULL AND {sql}", params
+            )
+            return [json.loads(u) if isinstance(u, str) else u for (u,) in cursor.fetchall()]
+
+    def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        """SQL true for a job whose `uses` names one of `names`."""
+        marks = ", ".join(["%s"] * len(names))
+        return f"EXISTS (SELECT 1 FROM json_each(uses) AS e WHERE e.key IN ({marks}))", [*names]
 
     # -- locks and transactions ------------------------------------------------------------
 
@@ -691,3 +726,14 @@ def terminal_columns(state: str, **extra: Any) -> dict[str, Any]:
         "unique_slot": None,
         **extra,
     }
+
+
+def aware(value: Any) -> dt.datetime:
+    """A datetime read by raw SQL, as an aware UTC datetime: SQLite gives text, MySQL and
+    MariaDB naive datetimes (stored datetimes are UTC: USE_TZ, see E003)."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    moment: dt.datetime = value.astimezone(dt.UTC)
+    return moment

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -53,6 +54,11 @@ class MySQLDialect(Dialect):
                 f"Table django_jobqueue_job uses the {row[0]} engine; row locks and "
                 "SKIP LOCKED need InnoDB (ALTER TABLE django_jobqueue_job ENGINE=InnoDB)."
             )
+
+    def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        # A path per name, the key quoted as JSON does it (as Django's KeyTransform).
+        marks = ", ".join(["%s"] * len(names))
+        return f"JSON_CONTAINS_PATH(uses, 'one', {marks})", [f"$.{json.dumps(n)}" for n in names]
 
     def system_checks(self) -> list[checks.CheckMessage]:
         conn: Any = self.connection

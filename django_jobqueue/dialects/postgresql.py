@@ -69,6 +69,9 @@ class PostgreSQLDialect(Dialect):
         # must see the time it reads the clock.
         return "CLOCK_TIMESTAMP()", []
 
+    def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        return "uses ?| %s", [list(names)]
+
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__
         # psycopg 3 names it sqlstate, psycopg2 pgcode.

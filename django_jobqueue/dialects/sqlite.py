@@ -42,6 +42,8 @@ class SQLiteDialect(Dialect):
     def lock_blocking(self, queryset: QuerySet[M]) -> QuerySet[M]:
         return queryset
 
+    blocking_lock_sql = ""  # BEGIN IMMEDIATE made this transaction the only writer
+
     @contextmanager
     def _atomic(self) -> Iterator[None]:
         # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another

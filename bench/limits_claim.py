@@ -1,0 +1,118 @@
+"""The claim's cost under JOBQUEUE["LIMITS"] with 10,000 tenants, against no limits.
+
+`BENCH_DB=pg python -m bench.limits_claim [--tenants 10000]`
+
+Two jobs per tenant are ready (20,000 jobs), and 200 claims of 10 are timed, each its own
+transaction as the dispatcher runs them. Claimed jobs finish five claims later (outside the
+timed part), so about 50 are in flight, as on a busy worker. The same run is made three ways:
+
+- `plain`: no LIMITS, jobs without `uses`: the baseline;
+- `tenants`: `"tenant:*": {"concurrency": 1}`, each job using its tenant (`tenant:<n>`), jobs
+  in the order tenant 0..N-1, then again: each claim finds ten tenants with room;
+- `crowded`: the same limits with each tenant's two jobs next to each other, so half of the
+  candidates a claim meets wait for their tenant's other job (the skipped-resource path).
+
+The issue's target: `tenants` costs at most 2x `plain`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import deque
+
+from . import harness
+
+CLAIMS = 200
+BATCH = 10
+FINISH_AFTER = 5  # claims a claimed batch stays in flight
+LIMITS = {"tenant:*": {"concurrency": 1}}
+
+
+def enqueue(tenants: int, *, uses: bool, adjacent: bool) -> None:
+    from django.db import transaction
+
+    import django_jobqueue as jobqueue
+
+    pairs = [t for t in range(tenants) for _ in range(2)]  # each tenant's jobs side by side
+    order = pairs if adjacent else list(range(tenants)) * 2
+    specs = [
+        {"type": "bench.noop", "args": {"t": t}, **({"uses": {f"tenant:{t}": 1}} if uses else {})}
+        for t in order
+    ]
+    for chunk in range(0, len(specs), 5000):
+        with transaction.atomic():
+            jobqueue.enqueue_many(specs[chunk : chunk + 5000])
+    if uses:  # each resource's lock row, as its first claim made it (see `first_use`)
+        make_limit_rows(tenants)
+    harness.analyze()
+
+
+def make_limit_rows(tenants: int) -> None:
+    from django_jobqueue.models import Limit
+
+    Limit.objects.bulk_create([Limit(name=f"tenant:{t}") for t in range(tenants)], batch_size=2000)
+
+
+def timed_claims() -> dict[str, float]:
+    from django.db.models.functions import Now
+
+    from django_jobqueue import conf, leases
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.models import Job
+
+    dialect = get_dialect("default")
+    dialect.bound_waits(5.0, 30.0)
+    fair_share = FairShare(conf.get())  # as a worker's dispatcher claims
+    times = []
+    in_flight: deque[list[int]] = deque()
+    for _ in range(CLAIMS):
+        started = time.perf_counter()
+        claimed = leases.claim(
+            dialect, owner="bench", queues=[], limit=BATCH, lease_ttl=30, fair_share=fair_share
+        )
+        times.append(time.perf_counter() - started)
+        assert len(claimed) == BATCH, len(claimed)
+        in_flight.append([c.pk for c in claimed])
+        if len(in_flight) > FINISH_AFTER:
+            Job.objects.filter(pk__in=in_flight.popleft()).update(
+                state="done", lease_owner=None, lease_expires=None, finished_at=Now()
+            )
+    return {"median": statistics.median(times) * 1000, "mean": statistics.fmean(times) * 1000}
+
+
+def run(tenants: int, *, limits: bool, adjacent: bool = False) -> dict[str, float]:
+    from django.test import override_settings
+
+    harness.reset()
+    with override_settings(JOBQUEUE={"LIMITS": LIMITS} if limits else {}):
+        enqueue(tenants, uses=limits, adjacent=adjacent)
+        return timed_claims()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tenants", type=int, default=10_000)
+    opts = parser.parse_args()
+    harness.setup()
+    plain = run(opts.tenants, limits=False)
+    tenants = run(opts.tenants, limits=True)
+    crowded = run(opts.tenants, limits=True, adjacent=True)
+    harness.report(
+        "limits_claim",
+        {
+            "tenants": opts.tenants,
+            "plain_ms": plain["median"],
+            "tenants_ms": tenants["median"],
+            "crowded_ms": crowded["median"],
+            "ratio": tenants["median"] / plain["median"],
+            "crowded_ratio": crowded["median"] / plain["median"],
+        },
+    )
+    harness.reset()
+
+
+if __name__ == "__main__":
+    main()
