@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from . import leases, quotas, registry, signals, validation, wake
+from . import leases, limits, quotas, registry, signals, validation, wake
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
@@ -142,14 +142,20 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             _flush_progress(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
         if isinstance(exc, RateLimited):
-            _close_now(dialect, exc)
+            _close_now(dialect, conf, exc)
         return _failed(flight, exc)
     return _succeeded(flight, result, conf)
 
 
-def _close_now(dialect: Dialect, limited: RateLimited) -> None:
+def _close_now(dialect: Dialect, conf: JobQueueSettings, limited: RateLimited) -> None:
     """Close the resource at once, from the handler's thread: other claims see it before the
     completer records the outcome (which closes it again, with the job's suspension)."""
+    if limits.find(limited.resource, limits.configured(conf)) is None:
+        logger.warning(
+            "RateLimited(%r): no entry of JOBQUEUE['LIMITS'] governs this resource, so only "
+            "the raising job waits (%gs); no other job is held back",
+            limited.resource, limited.retry_after,
+        )  # fmt: skip
     try:
         quotas.close(dialect, limited.resource, limited.retry_after)
     except Exception:  # the completer's write closes it all the same

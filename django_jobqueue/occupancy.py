@@ -85,11 +85,17 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
 
 def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str | None) -> None:
     """Change limit `name` (a LIMITS entry, or a resource an entry governs) while workers run;
-    they apply it within about two seconds. InvalidJobError for a bad name or value."""
+    they apply it within about two seconds. What is not given keeps its value in force (the
+    last change's, else the settings'). InvalidJobError for a bad name or value."""
     specs = limits.configured(conf.get())
     if limits.find(name, specs) is None:
         known = ", ".join(sorted(specs)) or "none"
         raise InvalidJobError(f"{name!r} is not a limit of JOBQUEUE['LIMITS'] (known: {known}).")
+    found = limits.find(name, current(dialect))
+    if found is not None:
+        in_force = found[1].describe()
+        concurrency = in_force["concurrency"] if concurrency is None else concurrency
+        rate = in_force["rate"] if rate is None else rate
     value = {k: v for k, v in {"concurrency": concurrency, "rate": rate}.items() if v is not None}
     try:
         limits.parse_spec(name, value, where="jobqueue_limits set")

@@ -132,23 +132,25 @@ def test_spawned_children_run_once_though_the_parents_worker_was_killed(start_wo
 
 
 def test_a_thousand_sleeping_jobs_do_not_hold_eight_threads(start_worker):
-    """1,000 jobs each sleep 1 s on 2 workers of 4 threads: held as threads they would take
-    125 s; suspended, hundreds sleep at once and all end in about a second plus the drain."""
-    jobs = jobqueue.enqueue_many([("durable.sleeper", {"seconds": 1.0})] * 1000)
+    """1,000 jobs each sleep 3 s on 2 workers of 4 threads. Held as threads, the sleeps would
+    take 375 s and no job would ever be seen `scheduled` (asleep) while it sleeps; suspended,
+    many more than the 8 threads sleep at once, however slowly a loaded machine claims (at
+    3 claims a second, 9 sleep at once)."""
+    jobs = jobqueue.enqueue_many([("durable.sleeper", {"seconds": 3.0})] * 1000)
     started = time.monotonic()
     for _ in range(2):
         start_worker("--concurrency", "4", *FAST)
     sleeping_at_once = 0
     pending = Job.objects.filter(pk__in=[j.pk for j in jobs]).exclude(state=Job.State.DONE)
     while pending.exists():
-        assert time.monotonic() - started < 120, "the sleeps held the threads"
+        assert time.monotonic() - started < 300, "the sleeps held the threads"
         sleeping_at_once = max(
             sleeping_at_once, Job.objects.filter(state=Job.State.SCHEDULED).count()
         )
         time.sleep(0.05)
     elapsed = time.monotonic() - started
     print(f"1000 sleeping jobs done in {elapsed:.1f}s, {sleeping_at_once} asleep at once")
-    assert sleeping_at_once >= 100  # far more than the 8 threads
+    assert sleeping_at_once > 8  # more than the threads could hold
     assert Job.objects.filter(pk__in=[j.pk for j in jobs], attempts=1).count() == 1000
 
 

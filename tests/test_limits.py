@@ -15,6 +15,7 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue import attempts, conf, leases, outcomes
+from django_jobqueue.backends import HAS_TASKS
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.fairshare import FairShare
@@ -112,6 +113,18 @@ def test_every_entry_point_stores_what_a_job_uses():
     }
 
 
+def test_a_spawned_child_and_a_django_task_store_what_they_use():
+    parent = jobqueue.enqueue("limits.spawner")
+    run_jobs(ignore_delays=True)
+    [child] = Job.objects.get(pk=parent.pk).result
+    assert Job.objects.get(pk=child).uses == {"api": 1}
+    if HAS_TASKS:
+        from tests.testapp import tasks
+
+        result = tasks.add.using(uses={"tenant:7": 1}).enqueue(1, 2)
+        assert Job.objects.get(pk=int(result.id)).uses == {"tenant:7": 1}
+
+
 def test_a_handler_gives_a_default_from_the_arguments():
     job = jobqueue.enqueue("limits.tenant_work", {"tenant": 42})
     assert Job.objects.get(pk=job.pk).uses == {"tenant:42": 1}
@@ -194,6 +207,23 @@ def test_a_rate_limited_job_closes_its_resource_and_waits_without_using_its_atte
     assert Job.objects.get(pk=other.pk).state == "done"
 
 
+def test_rate_limited_on_a_resource_no_limit_governs_holds_back_only_its_job(caplog):
+    limited = jobqueue.enqueue(
+        "limits.rate_limited_once", {"resource": "elsewhere", "retry_after": 30}, max_attempts=1
+    )
+    other = work(uses={"api": 1})
+    dialect, settings = get_dialect("default"), conf.get()
+    [claimed] = leases.claim(dialect, owner="w", queues=[], limit=1, lease_ttl=60,
+                             fair_share=FairShare(settings))  # fmt: skip
+    flight = attempts.InFlight(
+        job=claimed, lease=leases.Lease(claimed.pk, "w", claimed.attempts), claimed=0.0
+    )
+    outcomes.record(dialect, settings, "w", [attempts.run(dialect, settings, flight)])
+    assert "no entry of JOBQUEUE['LIMITS'] governs this resource" in caplog.text
+    assert Job.objects.get(pk=limited.pk).state == "scheduled"
+    assert claim() == [other.pk]
+
+
 # -- jobqueue_limits --------------------------------------------------------------------------
 
 
@@ -245,6 +275,20 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
 def test_the_command_refuses_bad_changes(argv, match):
     with pytest.raises(CommandError, match=match):
         call_command("jobqueue_limits", *argv, stdout=StringIO())
+
+
+def test_a_change_keeps_what_it_does_not_name(settings):
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "LIMITS": {**LIMITS, "api": {"concurrency": 2, "rate": "10/s"}},
+    }
+    call_command("jobqueue_limits", "set", "api", "--rate", "20/s", stdout=StringIO())
+    assert (limits_json()["api"]["concurrency"], limits_json()["api"]["rate"]) == (2, "20/s")
+    call_command("jobqueue_limits", "set", "api", "--concurrency", "4", stdout=StringIO())
+    assert (limits_json()["api"]["concurrency"], limits_json()["api"]["rate"]) == (4, "20/s")
+    call_command("jobqueue_limits", "set", "tenant:9", "--concurrency", "2", stdout=StringIO())
+    assert limits_json()["tenant:9"]["concurrency"] == 2  # one tenant, over its pattern's 1
+    assert limits_json()["tenant:*"]["concurrency"] == 1
 
 
 def test_a_live_change_applies_to_the_next_claims():

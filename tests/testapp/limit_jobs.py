@@ -51,3 +51,9 @@ def rate_limited_once(ctx: jobqueue.JobContext, resource: str, retry_after: floa
         raise jobqueue.RateLimited(resource, retry_after=retry_after)
     _run(ctx, 0.0)
     return "after the cooldown"
+
+
+@jobqueue.handler("limits.spawner", takes_context=True)
+def spawner(ctx: jobqueue.JobContext) -> list[int]:
+    """Spawns one child that uses "api"."""
+    return [ctx.spawn("limits.work", uses={"api": 1}).pk]
