@@ -13,6 +13,12 @@ timed part), so about 50 are in flight, as on a busy worker. The same run is mad
   candidates a claim meets wait for their tenant's other job (the skipped-resource path).
 
 The issue's target: `tenants` costs at most 2x `plain`.
+
+Then whether worker processes approach the limits rather than serialize under them (3
+workers at `--concurrency 4`): 100 no-op jobs under `{"rate": "10/s"}` (the steady starts a
+second, aim >= 8, and the most in any second, <= 10), and 60 jobs of 0.5 s under
+`{"concurrency": 8}` (the mean in flight over the steady part, aim >= 7, and the most, <= 8),
+both from the jobs' own `started_at` and `finished_at` (database clock).
 """
 
 from __future__ import annotations
@@ -92,6 +98,53 @@ def run(tenants: int, *, limits: bool, adjacent: bool = False) -> dict[str, floa
         return timed_claims()
 
 
+def approach(name: str, spec: dict, jobs: list[tuple[str, dict]]) -> list[tuple]:
+    """Drain `jobs` (each using `name`) with 3 workers under LIMITS {name: spec}; return the
+    jobs' (started_at, finished_at)."""
+    import json
+    import os
+
+    from django.test import override_settings
+
+    import django_jobqueue as jobqueue
+    from django_jobqueue.models import Job
+
+    harness.reset()
+    limits = {name: spec}
+    os.environ["BENCH_LIMITS"] = json.dumps(limits)
+    with override_settings(JOBQUEUE={"LIMITS": limits}):
+        jobqueue.enqueue_many([{"type": t, "args": a, "uses": {name: 1}} for t, a in jobs])
+    workers = harness.start_workers(3, ["--concurrency", "4"])
+    try:
+        harness.wait_until(lambda: harness.done_count() == len(jobs), timeout=300)
+    finally:
+        harness.stop_workers(workers)
+        del os.environ["BENCH_LIMITS"]
+    return list(Job.objects.order_by("started_at").values_list("started_at", "finished_at"))
+
+
+def rate_figures() -> dict[str, float]:
+    rows = approach("rate10", {"rate": "10/s"}, [("bench.noop", {})] * 100)
+    starts = [s.timestamp() for s, _ in rows]
+    steady = starts[10:-10]
+    per_s = (len(steady) - 1) / (steady[-1] - steady[0])
+    most = max(sum(1 for t in starts if s <= t < s + 1) for s in starts)
+    return {"rate_10_per_s_starts": per_s, "rate_10_per_s_most_in_1s": most}
+
+
+def concurrency_figures() -> dict[str, float]:
+    rows = approach("cap8", {"concurrency": 8}, [("bench.sleep", {"seconds": 0.5})] * 60)
+    events = sorted([(s.timestamp(), 1) for s, _ in rows] + [(f.timestamp(), -1) for _, f in rows])
+    begin, end = events[0][0] + 1.0, events[-1][0] - 1.0  # the steady part
+    level, most, area, previous = 0, 0, 0.0, events[0][0]
+    for at, step in events:  # the time-weighted number in flight between begin and end
+        area += level * max(0.0, min(at, end) - max(previous, begin))
+        previous = at
+        level += step
+        most = max(most, level)
+    return {"cap_8_mean_in_flight": area / (end - begin), "cap_8_most_in_flight": most}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tenants", type=int, default=10_000)
@@ -111,6 +164,7 @@ def main() -> None:
             "crowded_ratio": crowded["median"] / plain["median"],
         },
     )
+    harness.report("limits_approach", {**rate_figures(), **concurrency_figures()})
     harness.reset()
 
 

@@ -88,6 +88,14 @@ def main() -> None:
             what = f"claim ms, 10,000 tenant:* resources / no limits ({db})"
             ok = quota["ratio"] <= 2
             rows.append(line(what, quota["tenants_ms"], quota["plain_ms"], "<= 2x", ok))
+        near = own.get(("limits_approach", db, ""))
+        if near:
+            what = f'starts/s under "10/s" ({db})'
+            ok = near["rate_10_per_s_starts"] >= 8
+            rows.append(line(what, near["rate_10_per_s_starts"], None, ">= 8", ok))
+            what = f"mean in flight under a concurrency of 8 ({db})"
+            ok = near["cap_8_mean_in_flight"] >= 7
+            rows.append(line(what, near["cap_8_mean_in_flight"], None, ">= 7", ok))
         for shape in ("dag", "container"):
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))

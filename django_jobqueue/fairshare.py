@@ -154,6 +154,11 @@ class FairShare:
             or self.dynamic
         )
 
+    def jobs_ended(self) -> bool:
+        """This worker recorded outcomes: whether a claim should look again at once, because
+        its last claims left jobs behind for want of a resource's concurrency room."""
+        return bool(self.resources) and self.resources.jobs_ended()
+
     def retry_at(self) -> float | None:
         """When (time.monotonic()) a rate that held work back has room again, or None."""
         times = [t for t in (self.rate_limits.retry_at, self.resources.retry_at) if t]

@@ -51,6 +51,11 @@ class Room:
             return False
         return all(left is None or units <= left for left in (self.concurrency, self.rate))
 
+    def capped(self, units: int) -> bool:
+        """Whether `units` do not fit for want of concurrency room (rather than a closure or
+        a rate): jobs in flight that end give such room back."""
+        return self.concurrency is not None and units > self.concurrency
+
     def take(self, units: int) -> None:
         if self.concurrency is not None:
             self.concurrency -= units
@@ -67,6 +72,10 @@ class Resources:
         self._specs_until = 0.0
         # Resources found with no room, skipped by the next claims until then (monotonic).
         self.full: dict[str, float] = {}
+        # Of those, the ones held back by their concurrency cap: a job of this worker that
+        # ends may give them room, so they are looked at again then (jobs_ended()).
+        self._capped: set[str] = set()
+        self._ended = False
         self.retry_at: float | None = None  # when a rate held back by its window has room
         # The claim in progress: each resource's room, its limits, the rate-limited units taken.
         self._rooms: dict[str, Room] = {}
@@ -92,8 +101,21 @@ class Resources:
             self._specs, self._specs_until = specs, now + OVERRIDES_EVERY
         return self._specs
 
+    def jobs_ended(self) -> bool:
+        """Called when this worker recorded outcomes (from its completer's thread): whether a
+        resource held back by its concurrency cap may have room now (then claim again)."""
+        if not self._capped:
+            return False
+        self._ended = True
+        return True
+
     def skipped(self) -> list[str]:
         """The resources a claim need not look at now (found without room a moment ago)."""
+        if self._ended:  # jobs ended since: the capped ones may have room again
+            self._ended = False
+            for name in self._capped:
+                self.full.pop(name, None)
+            self._capped = set()
         now = time.monotonic()
         self.full = {name: until for name, until in self.full.items() if until > now}
         return sorted(self.full)
@@ -125,6 +147,7 @@ class Resources:
         if blocked:
             refill = time.monotonic() + min(0.25, OVERRIDES_EVERY)
             self.full.update(dict.fromkeys(blocked, refill))
+            self._capped.update(n for n in blocked if n in rooms and rooms[n].capped(uses[n]))
             return False
         for name, units in uses.items():
             rooms[name].take(units)

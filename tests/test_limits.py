@@ -207,6 +207,24 @@ def test_a_rate_limited_job_closes_its_resource_and_waits_without_using_its_atte
     assert Job.objects.get(pk=other.pk).state == "done"
 
 
+def test_a_worker_looks_again_at_a_capped_resource_once_its_jobs_end():
+    """A resource found full is skipped by the next claims for a moment; when the worker's
+    own jobs end (its completer recorded them), one held back by its concurrency cap is
+    looked at again at once, one held back by a rate is not."""
+    [work(uses={"api": 1}) for _ in range(3)]
+    [work(uses={"tokens": 60}) for _ in range(2)]
+    fair_share = FairShare(conf.get())
+    dialect = get_dialect("default")
+    claimed = leases.claim(dialect, owner="w", queues=[], limit=10, lease_ttl=60,
+                           fair_share=fair_share)  # fmt: skip
+    assert len(claimed) == 3  # two of api, one of tokens
+    resources = fair_share.resources
+    assert resources.skipped() == ["api", "tokens"]
+    assert fair_share.jobs_ended() is True
+    assert resources.skipped() == ["tokens"]
+    assert fair_share.jobs_ended() is False  # nothing capped is held back any more
+
+
 def test_rate_limited_on_a_resource_no_limit_governs_holds_back_only_its_job(caplog):
     limited = jobqueue.enqueue(
         "limits.rate_limited_once", {"resource": "elsewhere", "retry_after": 30}, max_attempts=1

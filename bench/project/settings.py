@@ -54,4 +54,7 @@ if os.environ.get("BENCH_MAINTENANCE") == "0":
 # BENCH_RETENTION='{"done": "1m"}': RETENTION for the workers, as JSON (bench/sustained.py).
 if os.environ.get("BENCH_RETENTION"):
     JOBQUEUE["RETENTION"] = json.loads(os.environ["BENCH_RETENTION"])
+# BENCH_LIMITS='{"api": {"rate": "10/s"}}': LIMITS for the workers, as JSON (bench/limits_claim.py).
+if os.environ.get("BENCH_LIMITS"):
+    JOBQUEUE["LIMITS"] = json.loads(os.environ["BENCH_LIMITS"])
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -113,8 +113,9 @@ class Dispatcher:
         return BACKLOG_FACTOR * self.capacity() - self.executor.load - self.unrecorded()
 
     def recorded(self) -> None:
-        """The completer wrote outcomes (its thread): claim again if that was what held us."""
-        if self.held_back:
+        """The completer wrote outcomes (its thread): claim again if that was what held us,
+        or if the jobs that ended may have made room under a resource's concurrency cap."""
+        if self.held_back or self.fair_share.jobs_ended():
             wake.wake_up()
 
     def low_water(self) -> int:
