@@ -317,3 +317,11 @@ def in_new_thread[T](func: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+@pytest.fixture
+def scenario() -> Any:
+    """One job and worker of each kind an operator looks at (tests/admin_support.py)."""
+    from tests import admin_support
+
+    return admin_support.build()

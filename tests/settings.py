@@ -51,6 +51,8 @@ if os.environ.get("JOBQUEUE_TEST_POOLED_URL"):
         "DISABLE_SERVER_SIDE_CURSORS": True,  # a named cursor does not outlive a transaction
     }
 
+# Tests make users by the dozen: a cheap hasher (never for production).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
 
 import pytest
 from django.contrib import admin
@@ -27,17 +26,6 @@ from tests.admin_support import Scenario, every_page, url
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """Users get a password per test: use a cheap hasher."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def scenario() -> Scenario:
-    return support.build()
 
 
 def test_pages_are_registered() -> None:

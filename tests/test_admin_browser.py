@@ -68,11 +68,6 @@ def shots(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def real_jobs(start_worker: Any) -> dict[str, Any]:
     """Jobs as a worker leaves them: done, dead, a failed workflow, one running, one stuck."""
     # A long lease: a reclaimer judges others only once it has beaten for a whole TTL of its

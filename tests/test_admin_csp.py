@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.test import Client
@@ -21,11 +20,6 @@ pytestmark = pytest.mark.django_db
 INLINE_STYLE = re.compile(r"<[^>]*\sstyle\s*=", re.IGNORECASE)
 STYLE_ELEMENT = re.compile(r"<style[\s>]", re.IGNORECASE)
 STYLESHEET = Path(django_jobqueue.__file__).parent / "static" / display.STYLESHEET
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def pages(s: Scenario) -> list[str]:

@@ -21,7 +21,6 @@ LIMITS = {"api": {"concurrency": 2}, "tenant:*": {"concurrency": 1, "rate": "10/
 @pytest.fixture(autouse=True)
 def limits(settings: Any) -> None:
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": LIMITS}
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def test_the_page_shows_each_resource_and_what_waits_for_it(admin_client: Client) -> None:
@@ -81,3 +80,23 @@ def test_the_page_and_its_actions_are_permission_checked() -> None:
                         "csrfmiddlewaretoken": token})  # fmt: skip
     assert LimitSetting.objects.get(name="api").concurrency == 5
     assert changer.post(page, {"action": "reset", "name": "api"}).status_code == 403  # no CSRF
+
+
+def test_queues_are_paused_and_resumed_from_the_page(admin_client: Client) -> None:
+    from django_jobqueue import pausing
+
+    jobqueue.enqueue("limits.work", queue="exports")
+    page = url("limit_changelist")
+    html = admin_client.get(page).content.decode()
+    assert "exports" in html and "Pause" in html
+    admin_client.post(page, {"action": "pause", "name": "exports"})
+    assert pausing.paused_queues() == ("exports",)
+    overview = admin_client.get(url("queueoverview_changelist")).content.decode()
+    assert "exports" in overview.split('id="jq-paused"')[1].split("</tr>")[0]
+    admin_client.post(page, {"action": "resume", "name": "exports"})
+    assert pausing.paused_queues() == ()
+    response = admin_client.post(page, {"action": "pause", "name": "bad\x1bname"}, follow=True)
+    assert "Nothing was changed" in response.content.decode()
+    viewer = login(make_user("queue-viewer", "view_limit"))
+    assert viewer.post(page, {"action": "pause", "name": "exports"}).status_code == 403
+    assert pausing.paused_queues() == ()

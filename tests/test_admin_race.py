@@ -17,11 +17,6 @@ from tests.workflow_support import FAST
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def test_cancel_all_while_a_worker_runs_them(admin_client: Client, start_worker: Any) -> None:
     """Each job ends done or cancelled, never both, never stuck; the report adds up."""
     # 20 s of work for four threads: the cancel lands mid-run even when a loaded machine

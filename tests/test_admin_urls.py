@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.test import Client
 
@@ -15,16 +13,6 @@ from tests.admin_support import Scenario, url
 pytestmark = pytest.mark.django_db
 
 HUGE = "9" * 30
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def scenario() -> Scenario:
-    return support.build()
 
 
 @pytest.fixture

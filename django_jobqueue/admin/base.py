@@ -132,8 +132,12 @@ class JobPagesAdmin(OwnFiltersAdmin):
         return f"{job.attempts} of {job.max_attempts}"
 
     @admin.display(description="created")
-    def created(self, job: Job) -> str:
-        return display.when(job.created_at)
+    def created(self, job: Job) -> SafeString:
+        return display.moment(job.created_at)
+
+    @admin.display(description="finished")
+    def finished(self, job: Job) -> SafeString:
+        return display.moment(job.finished_at)
 
     @admin.display(description="last error")
     def last_error_line(self, job: Job) -> str:

@@ -78,6 +78,18 @@ def when(moment: dt.datetime | None) -> str:
     return "-" if moment is None else timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def moment(value: dt.datetime | None) -> SafeString:
+    """A moment to the second in the current time zone, with the full time (microseconds,
+    UTC offset, and UTC) on hover: a <time> element."""
+    if value is None:
+        return NONE
+    local = timezone.localtime(value)
+    full = f"{local.isoformat()} ({value.astimezone(dt.UTC).strftime('%Y-%m-%d %H:%M:%S.%f')} UTC)"
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), full, when(value)
+    )
+
+
 def duration(seconds: float) -> str:
     """A number of seconds as '3s', '2m 05s', '1h 02m' or '3d 04h'."""
     whole = int(seconds)
@@ -117,7 +129,8 @@ def errors_table(errors: list[dict[str, Any]] | None) -> SafeString:
         return NONE
     rows = format_html_join(
         "",
-        "<tr><td>{}</td><td><strong>{}</strong><br>{}</td><td>{}</td></tr>",
+        '<tr><td>{}</td><td><strong>{}</strong><pre class="jq-message">{}</pre></td>'
+        "<td>{}</td></tr>",
         (
             (
                 entry.get("attempt") or "-",

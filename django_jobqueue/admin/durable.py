@@ -59,7 +59,7 @@ def steps(job: Job) -> SafeString | str:
                 KINDS.get(name, name),
                 seq,
                 attempt,
-                display.when(created),
+                display.moment(created),
                 "-" if duration is None else display.duration(duration),
                 _size(result),
             )
@@ -85,14 +85,14 @@ def waits_for(job: Job) -> SafeString | str:
         if JobStep.objects.filter(job_id=job.pk, name="@sleep").exists():
             return format_html(
                 "its run after {} (a sleep of its handler, or a retry's backoff)",
-                display.when(job.run_after),
+                display.moment(job.run_after),
             )
         return "-"
     if job.state != Job.State.WAITING:
         return "-"
     wait = JobWait.objects.filter(job_id=job.pk).first()
     if wait is not None:
-        limit = f", gives up at {display.when(wait.until)}" if wait.until else ""
+        limit = format_html(", gives up at {}", display.moment(wait.until)) if wait.until else ""
         return format_html("event {}{}", wait.key, limit)
     awaited = list(
         JobDependency.objects.filter(job_id=job.pk, awaits=True)

@@ -54,6 +54,8 @@ class JobAdmin(JobPagesAdmin):
         filters.UpstreamOfFilter,
         filters.DownstreamOfFilter,
         filters.WorkerFilter,
+        filters.CreatedFilter,
+        filters.FinishedFilter,
     ]
     ordering = ["-id"]
     search_fields = ["=id"]
@@ -77,6 +79,10 @@ class JobAdmin(JobPagesAdmin):
         "job_progress",
         "job_steps",
         "waits_for",
+        "created_time",
+        "updated_time",
+        "started_time",
+        "finished_time",
     ]
     fieldsets = [
         (None, {"fields": ["type", "state_badge", "queue", "group_key", "priority", "weight"]}),
@@ -110,7 +116,7 @@ class JobAdmin(JobPagesAdmin):
         ("Long job", {"fields": ["job_progress", "waits_for", "job_steps"]}),
         ("Lease", {"fields": ["lease"]}),
         ("Data", {"fields": ["arguments", "job_result"]}),
-        ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
+        ("Times", {"fields": ["created_time", "updated_time", "started_time", "finished_time"]}),
     ]
 
     def change_view(
@@ -171,8 +177,14 @@ class JobAdmin(JobPagesAdmin):
         if job.cancelled_by_id is not None:
             state = Job.objects.filter(pk=job.cancelled_by_id).values_list("state", flat=True)
             return format_html(
-                "cancelled because job {} ended badly",
+                "cancelled because job {} ended badly; retrying that job revives this one",
                 display.job_link(job.cancelled_by_id, state.first()),
+            )
+        blocked = failed_upstream(job) if job.state in Job.FAILED_STATES else None
+        if blocked is not None:
+            return format_html(
+                "it waits on job {}: retry that job first (retrying this one is refused)",
+                display.job_link(*blocked),
             )
         if job.state == Job.State.CANCELLED and job.cancel_requested:
             who = operator_cancel(job)
@@ -259,7 +271,7 @@ class JobAdmin(JobPagesAdmin):
             "owner: {}<br>expires: {} ({})<br>last heartbeat: {} ago"
             '<br><span class="jq-release">{}</span>',
             owner,
-            display.when(job.lease_expires),
+            display.moment(job.lease_expires),
             _expiry(job),
             display.age(job.heartbeat_at),
             release,
@@ -293,12 +305,30 @@ class JobAdmin(JobPagesAdmin):
     def waits_for(self, job: Job) -> SafeString | str:
         return durable.waits_for(job)
 
+    @admin.display(description="created")
+    def created_time(self, job: Job) -> SafeString:
+        return display.moment(job.created_at)
+
+    @admin.display(description="updated")
+    def updated_time(self, job: Job) -> SafeString:
+        return display.moment(job.updated_at)
+
+    @admin.display(description="started (its latest claim)")
+    def started_time(self, job: Job) -> SafeString:
+        return display.moment(job.started_at)
+
+    @admin.display(description="finished")
+    def finished_time(self, job: Job) -> SafeString:
+        return display.moment(job.finished_at)
+
 
 def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     """The buttons a job's page offers: the actions that apply to the job in its state."""
     if not can_change:
         return []
     if job.state in Job.FAILED_STATES and not job.is_container:
+        if failed_upstream(job) is not None:  # retry() would refuse: retry that one
+            return []
         return [("retry_jobs", "Retry")]
     if job.is_container and not job.sealed and job.state == Job.State.WAITING:
         return [("seal_containers", "Seal"), ("cancel_jobs", "Cancel")]
@@ -311,6 +341,18 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
     return []
+
+
+def failed_upstream(job: Job) -> tuple[int, str] | None:
+    """An upstream job of `job` that is dead or cancelled (its id and state), or None: while
+    there is one, retrying `job` is refused (retry that one, which revives this one)."""
+    row = (
+        Job.objects.filter(downstream_edges__job_id=job.pk, state__in=Job.FAILED_STATES)
+        .order_by("pk")
+        .values_list("pk", "state")
+        .first()
+    )
+    return (int(row[0]), str(row[1])) if row else None
 
 
 def sealing_note(job: Job) -> str:

@@ -13,14 +13,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .. import conf, occupancy, validation
+from .. import conf, occupancy, pausing, validation
 from ..dialects import get_dialect
 from ..exceptions import InvalidJobError
-from ..models import Limit
-from . import display
+from ..models import Job, Limit
+from . import display, filters
 
 logger = logging.getLogger("django_jobqueue.admin.actions")
-ACTIONS = ("set", "reset", "reopen")
+ACTIONS = ("set", "reset", "reopen", "pause", "resume")
 
 
 class LimitActionForm(forms.Form):
@@ -61,6 +61,7 @@ class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "title": "Limits",
             "opts": self.model._meta,
             "entries": occupancy.occupancy(dialect),
+            "queues": queues(dialect.using),
             "can_change": self.has_change_permission(request),
             **(extra_context or {}),
         }
@@ -77,8 +78,10 @@ class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         data = form.cleaned_data
         name = data["name"]
         try:
-            validation.check_label("limit name", name, 255)
-            if data["action"] == "set":
+            if data["action"] in ("pause", "resume"):
+                done = _pause_or_resume(data["action"], name)
+            elif data["action"] == "set":
+                validation.check_label("limit name", name, 255)
                 if data["concurrency"] is None and not data["rate"]:
                     raise InvalidJobError("give a concurrency, a rate, or both")
                 occupancy.set_limit(
@@ -86,6 +89,7 @@ class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 )
                 done = f"Changed limit {name!r}; running workers apply it within 2 s."
             elif data["action"] == "reset":
+                validation.check_label("limit name", name, 255)
                 changed = occupancy.reset_limit(dialect, name)
                 done = (
                     f"Limit {name!r} is back to its settings."
@@ -93,6 +97,7 @@ class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     else (f"Limit {name!r} was not changed.")
                 )
             else:
+                validation.check_label("limit name", name, 255)
                 reopened = occupancy.reopen(dialect, name)
                 done = f"Reopened {name!r}." if reopened else f"{name!r} was not closed."
         except InvalidJobError as exc:
@@ -104,3 +109,28 @@ class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             data["rate"] or None,
         )  # fmt: skip
         messages.success(request, done)
+
+
+def queues(using: str) -> list[dict[str, Any]]:
+    """The queues an operator may pause or resume: the paused ones, the configured ones, and
+    those that unfinished or recent jobs use (bounded reads, as the list filters)."""
+    settings = conf.get()
+    paused = set(pausing.paused_queues(using))
+    names = {settings.default_queue, *settings.queue_limits, *paused}
+    recent = Job.objects.using(using).order_by("-pk")[: filters.RECENT]
+    names.update(recent.values_list("queue", flat=True))
+    return [{"name": name, "paused": name in paused} for name in sorted(names)]
+
+
+def _pause_or_resume(action: str, name: str) -> str:
+    if action == "pause":
+        return (
+            f"Paused queue {name!r}."
+            if pausing.pause_queue(name)
+            else (f"Queue {name!r} was paused already.")
+        )
+    return (
+        f"Resumed queue {name!r}."
+        if pausing.resume_queue(name)
+        else (f"Queue {name!r} was not paused.")
+    )

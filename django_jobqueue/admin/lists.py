@@ -104,8 +104,14 @@ class DeadStateFilter(filters.StateFilter):
 class DeadJobAdmin(_JobListAdmin):
     """Jobs that ended `dead` or `cancelled`, latest first, with why."""
 
-    list_display = ["job", "type", "state_badge", "queue", "attempts_of", "finished_at", "why"]
-    list_filter = [DeadStateFilter, filters.QueueFilter, filters.TypeFilter]
+    list_display = ["job", "type", "state_badge", "queue", "attempts_of", "finished", "why"]
+    list_filter = [
+        DeadStateFilter,
+        filters.QueueFilter,
+        filters.TypeFilter,
+        filters.FinishedFilter,
+        filters.CreatedFilter,
+    ]
     ordering = ["-finished_at", "-id"]
     actions = [retry_jobs, delete_finished_jobs]
 

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from .. import pausing
 from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
@@ -46,6 +47,8 @@ def stats() -> dict[str, Any]:
                 "hour": capped_count(recent.filter(finished_at__gte=now - HOUR)),
                 "day": capped_count(recent.filter(finished_at__gte=now - 24 * HOUR)),
                 "url": _list(state=state),
+                "hour_url": _list(state=state, finished="1h"),
+                "day_url": _list(state=state, finished="24h"),
             }
         )
     oldest = oldest_ready(jobs, now)
@@ -70,6 +73,8 @@ def stats() -> dict[str, Any]:
         if oldest
         else None,
         "dead_last_hour": finished[1]["hour"],  # TERMINAL_STATES: done, dead, cancelled
+        "dead_last_hour_url": finished[1]["hour_url"],
+        "paused": pausing.paused_queues(jobs.db),
         "expired_leases": jobs.expired().count(),
         "workers_alive": len(live_handlers),
         "workers_stale": len(workers) - len(live_handlers),
@@ -134,6 +139,9 @@ class QueueOverviewAdmin(JobPagesAdmin):
                 "leases": reverse("admin:django_jobqueue_livelease_changelist"),
                 "dead": reverse("admin:django_jobqueue_deadjob_changelist"),
                 "workers": reverse("admin:django_jobqueue_worker_changelist"),
+                "limits": reverse("admin:django_jobqueue_limit_changelist")
+                if request.user.has_perm("django_jobqueue.view_limit")
+                else None,
             },
             **(extra_context or {}),
         }
