@@ -12,11 +12,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Greatest
 
-from . import conf, pruning, validation, workflows
+from . import conf, durable, pruning, validation, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidJobError
-from .models import Job, JobDependency, Worker
+from .models import Job, JobDependency, JobStep, Worker
 
 
 def _pk(job: Job | int) -> int:
@@ -69,15 +69,36 @@ def cancel(job: Job | int) -> bool:
     return dialect.run_in_caller_transaction(txn)
 
 
-def retry(job: Job | int, extra_attempts: int = 1) -> Job:
+def retry(
+    job: Job | int, extra_attempts: int = 1, *, keep_steps_through: JobStep | int | None = None
+) -> Job:
     """Give a dead or cancelled job `extra_attempts` more attempts and make it runnable again.
 
     The attempt count is never reset: `max_attempts` becomes `attempts + extra_attempts`. The
     jobs this job's failure cancelled are revived, and a dead container it belongs to re-opens.
+
+    With `keep_steps_through` (a `JobStep` of the job, or its id), the durable calls recorded
+    after that one are cleared in the same transaction: the next run returns the kept results
+    and calls the others again ("retry from a step"). A spawn among them is refused (its
+    children exist: they would be spawned twice).
     """
     validation.check_positive_int("extra_attempts", extra_attempts)
     dialect = get_dialect(conf.get().database)
     pk = _pk(job)
+    kept = None
+    if isinstance(keep_steps_through, JobStep):
+        kept = keep_steps_through.pk
+    elif keep_steps_through is not None:
+        kept = keep_steps_through
+        if (
+            isinstance(kept, bool)
+            or not isinstance(kept, int)
+            or not 1 <= kept <= validation.ID_MAX
+        ):
+            raise InvalidJobError(
+                f"keep_steps_through must be a step record of the job (a JobStep or its id), "
+                f"not {keep_steps_through!r}."
+            )
 
     def txn() -> Job:
         jobs = Job.objects.using(dialect.using)
@@ -106,6 +127,8 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
                 f"Job {pk} waits on job {bad.pk}, which is {bad.state}: retry that."
             )
         waiting = upstream.exclude(state=Job.State.DONE).exists()
+        if kept is not None:
+            _clear_steps_after(dialect.using, pk, kept)
         try:
             with transaction.atomic(using=dialect.using):
                 jobs.filter(pk=pk).update(
@@ -140,6 +163,23 @@ def retry(job: Job | int, extra_attempts: int = 1) -> Job:
         return row
 
     return dialect.run_in_caller_transaction(txn)
+
+
+def _clear_steps_after(using: str, pk: int, kept: int) -> int:
+    """Delete the step records of job `pk` written after record `kept`; return how many."""
+    steps = JobStep.objects.using(using).filter(job_id=pk)
+    if not steps.filter(pk=kept).exists():
+        raise InvalidJobError(f"Job {pk} has no step record {kept}.")
+    later = steps.filter(pk__gt=kept)
+    spawn = later.filter(name=durable.SPAWN).values_list("pk", "result").first()
+    if spawn is not None:
+        child = (spawn[1] or {}).get("job_id")
+        raise InvalidJobError(
+            f"Job {pk}: step record {spawn[0]} after {kept} spawned job {child}; clearing it "
+            "would spawn that child again. Retry from a step after it."
+        )
+    deleted, _ = later.delete()
+    return deleted
 
 
 def owner_alive(owner: str | None, using: str | None = None) -> bool:

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import Job
-from . import display, filters
+from . import display, filters, rollup
 from .actions import JobActionForm
 from .paging import capped_paginator
 
@@ -125,7 +125,20 @@ class JobPagesAdmin(OwnFiltersAdmin):
 
     @admin.display(description="state")
     def state_badge(self, job: Job) -> SafeString:
-        return display.badge(job.state)
+        rolled = getattr(job, "rollup", None)  # a workflow's children (get_changelist_instance)
+        if rolled is None:
+            return display.badge(job.state)
+        return format_html("{}{}", display.badge(job.state), rollup.badge_note(rolled))
+
+    @admin.display(description="progress")
+    def progress_bar(self, job: Job) -> SafeString | str:
+        return display.progress_bar(job.progress) if job.progress else ""
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, with the children of the workflows on its page counted (one query)."""
+        changelist = super().get_changelist_instance(request)
+        rollup.annotate_page(changelist.result_list)
+        return changelist
 
     @admin.display(description="attempts")
     def attempts_of(self, job: Job) -> str:

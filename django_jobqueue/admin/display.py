@@ -159,3 +159,17 @@ def traceback(text: Any) -> SafeString:
         lines[-1] if lines else "",
         str(text),
     )
+
+
+def progress_bar(value: dict[str, Any]) -> SafeString:
+    """`ctx.progress()`'s last value in a list cell: a bar, and "current of total"."""
+    current, total = value.get("current"), value.get("total")
+    message = str(value.get("message") or "")
+    if not isinstance(current, int | float):
+        return NONE
+    if isinstance(total, int | float) and total > 0:
+        return format_html(
+            '<progress max="{}" value="{}" title="{}"></progress> {}/{}',
+            total, current, message, f"{current:g}", f"{total:g}",
+        )  # fmt: skip
+    return format_html('<span title="{}">{}</span>', message, f"{current:g}")

@@ -107,3 +107,18 @@ def waits_for(job: Job) -> SafeString | str:
     if job.sealed and job.has_children:
         return format_html("its spawned children ({} not final)", job.open_children)
     return "-"
+
+
+def retry_points(job: Job) -> list[tuple[int, str]]:
+    """The step records a dead or cancelled job can be retried after: (record id, label),
+    those after its last spawn (clearing a spawn would spawn its child again)."""
+    if not job.has_steps:
+        return []
+    records = JobStep.objects.filter(job_id=job.pk).order_by("pk")
+    last_spawn = records.filter(name="@spawn").order_by("-pk").values_list("pk", flat=True)
+    spawned = last_spawn.first()
+    if spawned is not None:
+        records = records.filter(pk__gte=spawned)
+    rows = records.values_list("pk", "name", "seq", "attempt")[:SHOWN_STEPS]
+    return [(pk, f"{KINDS.get(name, name)} #{seq} (attempt {attempt})") for pk, name, seq,
+            attempt in rows]  # fmt: skip

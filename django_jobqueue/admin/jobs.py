@@ -4,25 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from .. import conf, containers, control
+from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, Worker
-from . import display, durable, filters, graph
+from . import display, durable, filters, graph, rollup
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
     release_leases,
     retry_jobs,
     seal_containers,
+)
+from .actions import (
+    logger as actions_logger,
 )
 from .base import JobPagesAdmin
 
@@ -42,6 +47,7 @@ class JobAdmin(JobPagesAdmin):
         "attempts_of",
         "created",
         "running_for",
+        "progress_bar",
         "last_error_line",
     ]
     list_filter = [
@@ -62,6 +68,7 @@ class JobAdmin(JobPagesAdmin):
     search_help_text = "An exact job id, handler key or unique key."
     actions = [retry_jobs, cancel_jobs, release_leases, seal_containers, delete_finished_jobs]
     readonly_fields = [
+        "children_summary",
         "state_badge",
         "attempts_of",
         "cancellation",
@@ -90,6 +97,7 @@ class JobAdmin(JobPagesAdmin):
             "Workflow",
             {
                 "fields": [
+                    "children_summary",
                     "workflow",
                     "container",
                     "children",
@@ -123,9 +131,45 @@ class JobAdmin(JobPagesAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> HttpResponse:
         job = self.get_object(request, object_id)
-        offered = job_actions(job, self.has_change_permission(request)) if job else []
-        context = {"job_actions": offered, **(extra_context or {})}
+        can_change = self.has_change_permission(request)
+        offered = job_actions(job, can_change) if job else []
+        steps = durable.retry_points(job) if job and ("retry_jobs", "Retry") in offered else []
+        context = {"job_actions": offered, "retry_steps": steps, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, context)
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.retry_from_step_view)
+        own = [
+            path("<path:object_id>/retry-from-step/", view, name="django_jobqueue_job_retry_step")
+        ]
+        return own + super().get_urls()
+
+    def retry_from_step_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: retry a dead or cancelled job, keeping its steps up to the chosen one."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        pk = filters.parse_id(object_id)
+        step = filters.parse_id(request.POST.get("step"))
+        if pk is None or step is None:
+            messages.error(request, "Nothing was retried: no such job or step.")
+            return redirect(reverse("admin:django_jobqueue_job_changelist"))
+        try:
+            control.retry(pk, keep_steps_through=step)
+        except JobQueueError as exc:
+            messages.error(request, f"Nothing was retried: {exc}")
+            return redirect(display.job_url(pk))
+        job = Job.objects.only("pk", "type", "state").get(pk=pk)
+        self.log_change(request, job, f"Retried (+1 attempt) keeping its steps through #{step}")
+        actions_logger.info(
+            "Admin user %s retried job %s keeping its steps through record %s",
+            request.user.get_username(), pk, step,
+        )  # fmt: skip
+        messages.success(
+            request, f"Retried #{pk}: the steps after record {step} run again; it is {job.state}."
+        )
+        return redirect(display.job_url(pk))
 
     def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         """Run an action; from a job page's button, come back to that job's page."""
@@ -171,6 +215,10 @@ class JobAdmin(JobPagesAdmin):
         if keyed:
             return queryset.filter(pk__in=keyed), False
         return queryset.filter(type=term), False
+
+    @admin.display(description="children at a glance")
+    def children_summary(self, job: Job) -> SafeString | str:
+        return rollup.summary(job) if rollup.is_workflow(job) else "-"
 
     @admin.display(description="cancellation")
     def cancellation(self, job: Job) -> SafeString | str:

@@ -45,6 +45,7 @@ class LiveLeaseAdmin(_JobListAdmin):
         "queue",
         "worker",
         "running_for",
+        "progress_bar",
         "expires",
         "heartbeat",
     ]
