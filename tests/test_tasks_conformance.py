@@ -9,7 +9,6 @@ way.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
 import socket
@@ -131,10 +130,16 @@ def signal_log() -> Iterator[list[SignalCall]]:
 
 
 def with_fields(task_obj: Task, **changes: Any) -> Task:
-    """A copy of `task_obj` with `changes` set as they are, bypassing validation."""
-    bad = copy.copy(task_obj)
-    for name, value in changes.items():
-        object.__setattr__(bad, name, value)
+    """A copy of `task_obj` with `changes` set as they are, bypassing validation.
+
+    Not copy.copy(): Task.__reduce__ rebuilds the task through __init__, which validates it
+    and, on a backend built afresh (another test file's override_settings(TASKS=...)),
+    registers the copy as the task's own; setting `func` on it afterwards made every later
+    `tasks.add` job run (and read back) another function.
+    """
+    bad = object.__new__(type(task_obj))
+    for field in dataclasses.fields(task_obj):
+        object.__setattr__(bad, field.name, changes.get(field.name, getattr(task_obj, field.name)))
     return bad
 
 

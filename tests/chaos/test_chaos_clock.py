@@ -88,7 +88,8 @@ def test_worker_with_clock_minutes_ahead_reclaims_no_live_lease(start_worker, ch
     assert [e["type"] for e in back.errors] == [LEASE_EXPIRED]
     assert doomed_id in back.errors[0]["message"]
     assert back.attempts == 1
-    assert f"Reclaimed expired lease of job id={orphan}" in ahead.output()
+    # The reclaimer logs once its transaction has committed: the line can trail the row.
+    poll(lambda: f"Reclaimed expired lease of job id={orphan}" in ahead.output(), timeout=30)
     assert not RunRecord.objects.filter(job_id=orphan).exists()
     assert ahead.stop() == 0
     assert_clean_log(ahead.output())
