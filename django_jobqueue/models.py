@@ -536,3 +536,47 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({'paused' if self.paused else 'active'})"
+
+
+class MinuteCount(models.Model):
+    """What one worker did in one minute (its clock): claims, outcomes, and the enqueue-to-start
+    latency of its first attempts as counts per bucket of `metrics.LATENCY_BUCKETS`. Written
+    by the worker's recorder every few seconds (the minute's totals so far); read by the
+    admin's charts; kept two days."""
+
+    minute = models.DateTimeField(_("minute"))
+    worker = KeyField(_("worker"), max_length=255)
+    started = models.IntegerField(_("started"), default=0)
+    finished = models.IntegerField(_("finished"), default=0)
+    failed = models.IntegerField(_("failed"), default=0)
+    latency = models.JSONField(_("latency buckets"), default=list)
+
+    class Meta:
+        verbose_name = _("minute count")
+        verbose_name_plural = _("minute counts")
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "worker"], name="jobqueue_count_minute")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker} @ {self.minute}"
+
+
+class MinuteSample(models.Model):
+    """The ready backlog of one queue at one minute, and its oldest ready job's age: sampled
+    once a minute by one worker (the first to write the minute's rows); kept two days."""
+
+    minute = models.DateTimeField(_("minute"))
+    queue = KeyField(_("queue"), max_length=100)
+    ready = models.IntegerField(_("ready"))
+    oldest_ready = models.FloatField(_("oldest ready (seconds)"), null=True)
+
+    class Meta:
+        verbose_name = _("minute sample")
+        verbose_name_plural = _("minute samples")
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "queue"], name="jobqueue_sample_minute")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} @ {self.minute}: {self.ready} ready"

@@ -4,14 +4,16 @@ enough for the worker's hot path) and what a batched finish did (Finished, Finis
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .models import Job
 
-# The columns a claim reads back: what running the job needs. A handler that takes a context
-# gets a Job model instance with these loaded and the others deferred (read on first access).
+# The columns a claim reads back: what running the job needs, and when it became due (the
+# enqueue-to-start latency of metrics.py). A handler that takes a context gets a Job model
+# instance with these loaded and the others deferred (read on first access).
 CLAIM_FIELDS = (
     "id",
     "type",
@@ -26,6 +28,8 @@ CLAIM_FIELDS = (
     "timeout",
     "lease_owner",
     "has_steps",
+    "created_at",
+    "run_after",
 )
 
 
@@ -52,6 +56,8 @@ class ClaimedJob:
     timeout: float | None
     lease_owner: str | None
     has_steps: bool
+    created_at: dt.datetime | None
+    run_after: dt.datetime | None
 
     def __init__(self, using: str, values: Sequence[Any]) -> None:
         """Take the values of CLAIM_FIELDS, in that order."""
@@ -71,6 +77,8 @@ class ClaimedJob:
             self.timeout,
             self.lease_owner,
             self.has_steps,
+            self.created_at,
+            self.run_after,
         ) = values
 
     @property
@@ -82,9 +90,9 @@ class ClaimedJob:
         if self._model is None:
             from .models import Job
 
-            self._model = Job.from_db(
-                self.using, list(CLAIM_FIELDS), [getattr(self, name) for name in CLAIM_FIELDS]
-            )
+            # from_db takes the loaded values in the model's field order.
+            names = [f.attname for f in Job._meta.concrete_fields if f.attname in CLAIM_FIELDS]
+            self._model = Job.from_db(self.using, names, [getattr(self, n) for n in names])
         return self._model
 
     def __repr__(self) -> str:

@@ -32,6 +32,7 @@ from .actions import (
 from .base import JobPagesAdmin
 
 SHOWN = 20
+LIVE_EVERY = 5  # seconds between two refreshes of a running job's page
 
 
 @admin.register(Job)
@@ -134,7 +135,13 @@ class JobAdmin(JobPagesAdmin):
         can_change = self.has_change_permission(request)
         offered = job_actions(job, can_change) if job else []
         steps = durable.retry_points(job) if job and ("retry_jobs", "Retry") in offered else []
-        context = {"job_actions": offered, "retry_steps": steps, **(extra_context or {})}
+        live = job is not None and job.state in Job.LEASED_STATES
+        context = {
+            "job_actions": offered,
+            "retry_steps": steps,
+            "live_every": LIVE_EVERY if live else None,
+            **(extra_context or {}),
+        }
         return super().change_view(request, object_id, form_url, context)
 
     def get_urls(self) -> list[Any]:

@@ -54,6 +54,9 @@ class LiveLeaseAdmin(_JobListAdmin):
     actions = [cancel_jobs, release_leases]
     action_form = ActionForm  # type: ignore[assignment]  # no retry here: no attempts box
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {"live_every": 5, **(extra_context or {})})
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         # lease_expires is set exactly while a job is leased or running (a check constraint
         # says so), and its partial index serves this list and its order.

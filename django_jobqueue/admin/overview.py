@@ -18,10 +18,11 @@ from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
 from ..stats import oldest_ready, unhandled
-from . import display
+from . import charts, display
 from .base import JobPagesAdmin
 
 HOUR = dt.timedelta(hours=1)
+LIVE_EVERY = 5  # seconds between two refreshes of a live page
 COUNT_CAP = 100_000
 
 
@@ -129,11 +130,18 @@ class QueueOverviewAdmin(JobPagesAdmin):
     ) -> TemplateResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        figures = stats()
+        span = request.GET.get("range", "hour")
+        if span not in charts.RANGES:
+            span = "hour"
         context = {
             **self.admin_site.each_context(request),
             "title": "Job queue overview",
             "opts": self.model._meta,
-            "stats": stats(),
+            "stats": figures,
+            "charts": charts.overview_charts(Job.objects.db, figures["now"], span),
+            "range": span,
+            "live_every": LIVE_EVERY,
             "links": {
                 "jobs": reverse("admin:django_jobqueue_job_changelist"),
                 "leases": reverse("admin:django_jobqueue_livelease_changelist"),

@@ -32,7 +32,7 @@ from types import FrameType
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import attempts, leases, schedules, wake
+from .. import attempts, leases, metrics, schedules, wake
 from .. import conf as conf_module
 from ..attempts import InFlight
 from ..dialects import get_dialect
@@ -52,6 +52,7 @@ from .maintainer import Maintainer
 from .promoter import Promoter
 from .pruner import Pruner
 from .reclaimer import Reclaimer
+from .recorder import Recorder
 from .schedule_runner import ScheduleRunner
 
 logger = logging.getLogger(__name__)
@@ -254,7 +255,12 @@ class JobWorker:
         )
         if self.burst:
             reclaimer.on_reclaimed = burst.note_reclaimed
-        duties: list[Duty] = [heartbeat, completer, promoter, reclaimer]
+        tally = metrics.Tally()
+        dispatcher.tally = completer.tally = tally
+        recorder = Recorder(
+            dialect, worker_id=self.worker_id, tally=tally, lock_timeout=lock_timeout
+        )
+        duties: list[Duty] = [heartbeat, completer, promoter, reclaimer, recorder]
         if self.schedules:
             duties.append(
                 ScheduleRunner(
@@ -306,9 +312,11 @@ class JobWorker:
         finally:
             executor.shutdown()
             for duty in duties:
-                if duty is not heartbeat:
+                if duty is not heartbeat and duty is not recorder:
                     duty.stop()
             completer.stop(timeout=5.0)
+            # After the completer: its last outcomes count in the figures written at the stop.
+            recorder.stop(timeout=recorder.lock_timeout + 5.0)
             # Stopped before the row is deleted: a beat after the delete would register it again.
             heartbeat.stop(timeout=heartbeat.lock_timeout + 5.0)
             try:

@@ -22,11 +22,12 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from .. import outcomes
+from .. import metrics, outcomes
 from ..attempts import Outcome
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
+from ..exceptions import RateLimited, Suspend
 from .duty import Duty
 from .flights import Flights
 
@@ -69,6 +70,7 @@ class Completer(Duty):
         self.flights = flights
         self.on_empty = on_empty
         self.on_recorded = on_recorded
+        self.tally: metrics.Tally | None = None  # set by the worker: the per-minute figures
         self._queue: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._pending: list[Outcome] = []
         self._writing = 0  # outcomes of the write in progress (out of `_pending` meanwhile)
@@ -187,6 +189,12 @@ class Completer(Duty):
         )
 
     def _recorded(self, outcome: Outcome, state: str | None) -> None:
+        if self.tally is not None and state is not None:
+            suspended = isinstance(outcome.error, Suspend | RateLimited)
+            if outcome.error is None:
+                self.tally.recorded(finished=1)
+            elif not suspended:
+                self.tally.recorded(failed=1)
         if self.flights.remove(outcome.flight) and self.on_empty is not None:
             self.on_empty()
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import leases, wake
+from .. import leases, metrics, wake
 from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
 from ..exceptions import JobTimeout
@@ -88,6 +88,7 @@ class Dispatcher:
         # Whether the last step claimed less than it had room for because too many attempts
         # were waiting to be recorded; the completer's progress wakes the loop then.
         self.held_back = False
+        self.tally: metrics.Tally | None = None  # set by the worker: the per-minute figures
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -163,6 +164,8 @@ class Dispatcher:
             fair_share=self.fair_share,
         )
         self.fair_share.note_claimed(len(jobs))
+        if self.tally is not None:
+            self.tally.claimed(jobs)
         now = time.monotonic()
         for job in jobs:
             lease = leases.Lease(job.id, self.owner, job.attempts)

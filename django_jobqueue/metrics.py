@@ -1,0 +1,221 @@
+"""Per-minute figures for the admin's charts, kept small however many jobs there are.
+
+Each worker tallies in memory what it does (claims, outcomes, and the enqueue-to-start latency
+of first attempts, as counts per bucket of LATENCY_BUCKETS) and its recorder writes the current
+minute's totals to its own `MinuteCount` row every few seconds: one upsert, no contention
+between workers. Once a minute, the first worker to get there samples the ready backlog of
+each queue and the age of its oldest ready job into `MinuteSample` rows, and deletes rows older
+than KEEP. The charts read these rows: at most a few thousand for a day, never the job table.
+
+Minutes are those of the worker's clock (UTC); hosts kept in time by NTP agree to well within
+a minute. The latency of a job is measured from the later of its enqueue (`created_at`, the
+enqueuing host's clock) and its `run_after` to its claim (the worker's clock).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Max, Min, Sum
+
+from .models import Job, MinuteCount, MinuteSample
+from .records import ClaimedJob
+
+# Upper bounds, in seconds, of the latency buckets; the last bucket has no bound.
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60, 300, 1800, 3600)
+KEEP = dt.timedelta(days=2)
+MINUTE = dt.timedelta(minutes=1)
+
+
+def minute_of(moment: dt.datetime) -> dt.datetime:
+    """The start of `moment`'s minute, in UTC."""
+    return moment.astimezone(dt.UTC).replace(second=0, microsecond=0)
+
+
+class Tally:
+    """One worker's counts per minute, from its dispatcher's and completer's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._minutes: dict[dt.datetime, dict[str, Any]] = {}
+        self._dirty: set[dt.datetime] = set()
+
+    def _minute(self, now: dt.datetime) -> dict[str, Any]:
+        key = minute_of(now)
+        found = self._minutes.get(key)
+        if found is None:
+            found = self._minutes[key] = {
+                "started": 0,
+                "finished": 0,
+                "failed": 0,
+                "latency": [0] * (len(LATENCY_BUCKETS) + 1),
+            }
+        self._dirty.add(key)
+        return found
+
+    def claimed(self, jobs: Iterable[ClaimedJob], now: dt.datetime | None = None) -> None:
+        """Count a claim's jobs, and the latency of those claimed for their first attempt."""
+        now = now or dt.datetime.now(dt.UTC)
+        jobs = list(jobs)
+        if not jobs:
+            return
+        with self._lock:
+            minute = self._minute(now)
+            minute["started"] += len(jobs)
+            for job in jobs:
+                if job.attempts != 1 or job.created_at is None:
+                    continue
+                since = max(job.created_at, job.run_after or job.created_at)
+                waited = max(0.0, (now - since).total_seconds())
+                minute["latency"][bisect.bisect_left(LATENCY_BUCKETS, waited)] += 1
+
+    def recorded(
+        self, *, finished: int = 0, failed: int = 0, now: dt.datetime | None = None
+    ) -> None:
+        """Count outcomes written: attempts that finished, and attempts that failed."""
+        if not (finished or failed):
+            return
+        with self._lock:
+            minute = self._minute(now or dt.datetime.now(dt.UTC))
+            minute["finished"] += finished
+            minute["failed"] += failed
+
+    def take(self, now: dt.datetime | None = None) -> dict[dt.datetime, dict[str, Any]]:
+        """The minutes changed since the last take (their totals so far); forget old ones."""
+        current = minute_of(now or dt.datetime.now(dt.UTC))
+        with self._lock:
+            changed = {key: _copy(self._minutes[key]) for key in self._dirty}
+            self._dirty.clear()
+            for key in [k for k in self._minutes if k < current - MINUTE]:
+                del self._minutes[key]  # written already: a minute gets nothing after the next
+        return changed
+
+
+def _copy(minute: dict[str, Any]) -> dict[str, Any]:
+    return {**minute, "latency": list(minute["latency"])}
+
+
+def write(using: str, worker: str, minutes: dict[dt.datetime, dict[str, Any]]) -> None:
+    """Store a worker's minute totals (one upsert of its own rows)."""
+    if not minutes:
+        return
+    # MySQL's upsert (ON DUPLICATE KEY UPDATE) names no conflict target: any unique key counts.
+    target = connections[using].features.supports_update_conflicts_with_target
+    MinuteCount.objects.using(using).bulk_create(
+        [MinuteCount(minute=key, worker=worker, **values) for key, values in minutes.items()],
+        update_conflicts=True,
+        unique_fields=["minute", "worker"] if target else None,
+        update_fields=["started", "finished", "failed", "latency"],
+    )
+
+
+def sample(using: str, now: dt.datetime) -> bool:
+    """Sample minute `now`'s ready backlog per queue, unless a worker did; drop old rows.
+
+    Returns whether this call sampled. Two workers may both sample the same minute now and
+    then: the second one's rows are ignored.
+    """
+    minute = minute_of(now)
+    samples = MinuteSample.objects.using(using)
+    if samples.filter(minute=minute).exists():
+        return False
+    jobs = Job.objects.using(using).filter(state=Job.State.READY)
+    # One pass over the ready rows: their number and their oldest wait, per queue (a ready
+    # row's updated_at is when it began to wait: see stats.oldest_ready).
+    per_queue = jobs.order_by().values_list("queue").annotate(n=Count("pk"), at=Min("updated_at"))
+    rows = [
+        MinuteSample(
+            minute=minute,
+            queue=queue,
+            ready=count,
+            oldest_ready=max(0.0, (now - at).total_seconds()) if at else None,
+        )
+        for queue, count, at in per_queue
+    ] or [MinuteSample(minute=minute, queue="", ready=0, oldest_ready=None)]
+    samples.bulk_create(rows, ignore_conflicts=True)
+    cutoff = minute - KEEP
+    samples.filter(minute__lt=cutoff).delete()
+    MinuteCount.objects.using(using).filter(minute__lt=cutoff).delete()
+    return True
+
+
+def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) -> dict[str, Any]:
+    """The charts' data from `since` to `until`, in steps of `step` minutes.
+
+    Returns {"minutes": [...], "started"|"finished"|"failed": [...], "p50"|"p95": [...],
+    "ready": {queue: [...]}, "oldest_ready": [...]}, one value per step (None where nothing
+    was recorded).
+    """
+    first = minute_of(since)
+    slots = int((minute_of(until) - first) / MINUTE) // step + 1
+    keys = [first + i * step * MINUTE for i in range(slots)]
+
+    def slot(moment: dt.datetime) -> int:
+        return int((moment.astimezone(dt.UTC) - first) / MINUTE) // step
+
+    counts = MinuteCount.objects.using(using).filter(minute__gte=first, minute__lte=until)
+    out: dict[str, Any] = {"minutes": keys}
+    totals = {name: [0] * slots for name in ("started", "finished", "failed")}
+    seen = [False] * slots
+    summed = counts.values_list("minute").annotate(
+        s=Sum("started"), f=Sum("finished"), x=Sum("failed")
+    )
+    for minute, started, finished, failed in summed.order_by():
+        n = slot(minute)
+        if 0 <= n < slots:
+            seen[n] = True
+            totals["started"][n] += started or 0
+            totals["finished"][n] += finished or 0
+            totals["failed"][n] += failed or 0
+    for name, values in totals.items():
+        out[name] = [v if seen[i] else None for i, v in enumerate(values)]
+    merged = [[0] * (len(LATENCY_BUCKETS) + 1) for _ in range(slots)]
+    for minute, latency in counts.values_list("minute", "latency").order_by():
+        n = slot(minute)
+        if 0 <= n < slots and latency:
+            merged[n] = [a + b for a, b in zip(merged[n], latency, strict=False)]
+    out["p50"] = [quantile(buckets, 0.5) for buckets in merged]
+    out["p95"] = [quantile(buckets, 0.95) for buckets in merged]
+    samples = MinuteSample.objects.using(using).filter(minute__gte=first, minute__lte=until)
+    ready: dict[str, list[int | None]] = {}
+    oldest: list[float | None] = [None] * slots
+    per_slot = samples.values_list("minute", "queue").annotate(
+        r=Max("ready"), o=Max("oldest_ready")
+    )
+    sampled = [False] * slots
+    for minute, queue, count, age in per_slot.order_by():
+        n = slot(minute)
+        if not 0 <= n < slots:
+            continue
+        sampled[n] = True
+        if queue:
+            line = ready.setdefault(queue, [None] * slots)
+            line[n] = max(line[n] or 0, count)
+        if age is not None:
+            oldest[n] = max(oldest[n] or 0.0, age)
+    for line in ready.values():  # a sampled minute without a queue's row: none was ready
+        for n, was in enumerate(sampled):
+            if was and line[n] is None:
+                line[n] = 0
+    out["ready"] = ready
+    out["oldest_ready"] = oldest
+    return out
+
+
+def quantile(buckets: list[int], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile `q` (None without data; the last
+    bucket, unbounded, reads as its lower bound)."""
+    total = sum(buckets)
+    if not total:
+        return None
+    wanted, seen = q * total, 0
+    for index, count in enumerate(buckets):
+        seen += count
+        if seen >= wanted:
+            return float(LATENCY_BUCKETS[min(index, len(LATENCY_BUCKETS) - 1)])
+    return float(LATENCY_BUCKETS[-1])

@@ -1,0 +1,51 @@
+"""The recorder duty: writes the worker's per-minute figures, and samples the backlog.
+
+Every RECORD_EVERY seconds it upserts the worker's own `MinuteCount` rows with the totals its
+dispatcher and completer tallied (`metrics.Tally`); once a minute it samples the ready backlog
+per queue, unless another worker did for that minute (`metrics.sample`), and deletes the rows
+older than two days. See metrics.py for what the figures are and what they cost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import metrics
+from ..dialects import Dialect
+from .duty import Duty
+
+RECORD_EVERY = 10.0
+logger = logging.getLogger(__name__)
+
+
+class Recorder(Duty):
+    """Write the tally's minutes, and sample the backlog once a minute."""
+
+    def __init__(
+        self, dialect: Dialect, *, worker_id: str, tally: metrics.Tally, lock_timeout: float
+    ) -> None:
+        super().__init__(dialect, interval=RECORD_EVERY, lock_timeout=lock_timeout)
+        self.worker_id = worker_id
+        self.tally = tally
+        self._sampled: dt.datetime | None = None
+
+    def tick(self) -> float | None:
+        now = dt.datetime.now(dt.UTC)
+        metrics.write(self.dialect.using, self.worker_id, self.tally.take(now))
+        minute = metrics.minute_of(now)
+        if self._sampled != minute:
+            metrics.sample(self.dialect.using, self.dialect.now())
+            self._sampled = minute
+        return None
+
+    def run(self) -> None:
+        super().run()
+        try:  # the last seconds' totals, once the worker stops
+            metrics.write(self.dialect.using, self.worker_id, self.tally.take())
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Could not write the last minute's figures (%s)", exc)
+        finally:
+            connections.close_all()
