@@ -147,13 +147,14 @@ def test_delete_keeps_children_of_unfinished_containers_and_containers_with_chil
 
 
 def test_actions_are_bounded(operator: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page's selection (here a forged one, larger than any page) is bounded; "select all"
+    asks first (tests/test_admin_bulk.py)."""
     monkeypatch.setattr(actions, "ACTION_LIMIT", 3)
     jobs = JobFactory.create_batch(5)
     data = {
         "action": "cancel_jobs",
-        "select_across": "1",
         "index": "0",
-        "_selected_action": [str(jobs[0].pk)],
+        "_selected_action": [str(job.pk) for job in jobs],
     }
     response = operator.post(url("job_changelist"), data, follow=True)
     [text] = [str(m) for m in response.context["messages"]]

@@ -29,6 +29,7 @@ def test_cancel_all_while_a_worker_runs_them(admin_client: Client, start_worker:
         "select_across": "1",
         "index": "0",
         "_selected_action": [str(jobs[0].pk)],
+        "jq_bulk_confirmed": "yes",  # 150 jobs: at most ACTION_LIMIT, done in the request
     }
     response = admin_client.post(url("job_changelist"), data, follow=True)
     [text] = [str(m) for m in response.context["messages"]]

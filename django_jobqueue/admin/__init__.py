@@ -1,8 +1,10 @@
 """The operators' admin: jobs, live leases, dead jobs, workers, limits, an overview, actions.
 
-Importing this package registers every page with the default admin site.
+Importing this package registers every page with the default admin site, and the handler of
+the job that applies an action to a whole filtered list (bulk.py).
 """
 
+from . import bulk  # noqa: F401  (registers bulk.BULK_HANDLER)
 from .jobs import JobAdmin
 from .limits import LimitAdmin
 from .lists import DeadJobAdmin, LiveLeaseAdmin

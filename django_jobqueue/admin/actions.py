@@ -3,11 +3,14 @@
 Each action goes through the library's own operations (`control`), which
 lock the row they judge and write under that lock or match it in the UPDATE, so a worker
 changing the same job at the same moment never has its write undone by a stale read. At most
-ACTION_LIMIT jobs are handled per run, so "select all" over a million rows stays bounded.
+ACTION_LIMIT jobs are handled per request: "select all" over more asks for a confirmation
+and hands the whole filtered list to a job of the queue (bulk.py), which works through it in
+batches of ACTION_LIMIT.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +19,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
 from .. import containers, control
@@ -29,6 +32,8 @@ ACTION_LIMIT = 1000
 SHOWN_SKIPS = 10
 # The job fields a LogEntry needs (its object_repr is str(job)): never the JSON columns.
 LOGGED_FIELDS = ("pk", "type", "state")
+# What an operation did to a batch: {id: what it became}, {id: why it was skipped}.
+Batch = tuple[dict[int, str], dict[int, str]]
 
 
 class ExtraAttemptsForm(forms.Form):
@@ -81,11 +86,8 @@ def report(
     messages.add_message(request, level, text)
 
 
-def _each(
-    queryset: QuerySet[Any], operate: Callable[[int], str | None]
-) -> tuple[dict[int, str], dict[int, str], int]:
-    """Apply `operate` to each selected id: a string is a change, None or an error a skip."""
-    ids, left = _ids(queryset)
+def _each(ids: list[int], operate: Callable[[int], str | None]) -> Batch:
+    """Apply `operate` to each id: a string is a change, None or an error a skip."""
     changed: dict[int, str] = {}
     skipped: dict[int, str] = {}
     for pk in ids:
@@ -98,7 +100,7 @@ def _each(
             skipped[pk] = "it has already finished"
         else:
             changed[pk] = outcome
-    return changed, skipped, left
+    return changed, skipped
 
 
 def shown_ids(ids: list[int]) -> str:
@@ -134,59 +136,40 @@ def record(
     )
 
 
-@admin.action(permissions=["change"], description=_("Retry selected dead or cancelled jobs"))
-def retry_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Give dead or cancelled jobs more attempts and revive what their failure cancelled."""
-    form = ExtraAttemptsForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Extra attempts must be a whole number from 1 to 100.")
-        return
-    extra = form.cleaned_data["extra_attempts"] or 1
+# -- the operations, on a batch of ids (the page's selection, or a batch of a bulk job) ------
 
-    def operate(pk: int) -> str:
-        return str(control.retry(pk, extra_attempts=extra).state)
 
-    changed, skipped, left = _each(queryset, operate)
+def _retry(modeladmin: Any, request: HttpRequest, ids: list[int], options: dict[str, Any]) -> Batch:
+    extra = options["extra_attempts"]
+    changed, skipped = _each(ids, lambda pk: str(control.retry(pk, extra_attempts=extra).state))
     budget = f" (+{extra} attempt{'s' if extra != 1 else ''})"
     record(modeladmin, request, "Retried", changed, len(skipped), budget)
-    report(request, "Retried", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
+    return changed, skipped
 
 
-@admin.action(permissions=["change"], description=_("Cancel selected unfinished jobs"))
-def cancel_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Cancel jobs that have not finished: at once if not started, cooperatively if running."""
-
-    def operate(pk: int) -> str | None:
-        if not control.cancel(pk):
-            return None
-        state = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
-        return "cancel requested" if state in Job.LEASED_STATES else str(state)
-
-    changed, skipped, left = _each(queryset, operate)
-    record(modeladmin, request, "Cancelled", changed, len(skipped))
-    report(request, "Cancelled", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
+def _cancel_one(pk: int) -> str | None:
+    if not control.cancel(pk):
+        return None
+    state = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
+    return "cancel requested" if state in Job.LEASED_STATES else str(state)
 
 
-@admin.action(permissions=["change"], description=_("Release selected stuck leases"))
-def release_leases(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Hand leases whose worker is gone back to `ready`."""
-    changed, skipped, left = _each(queryset, control.release_lease)
-    record(modeladmin, request, "Released lease", changed, len(skipped))
-    report(request, "Released", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
+def _recorded(
+    verb: str, operate: Callable[[int], str | None]
+) -> Callable[[Any, HttpRequest, list[int], dict[str, Any]], Batch]:
+    def run(
+        modeladmin: Any, request: HttpRequest, ids: list[int], options: dict[str, Any]
+    ) -> Batch:
+        changed, skipped = _each(ids, operate)
+        record(modeladmin, request, verb, changed, len(skipped))
+        return changed, skipped
+
+    return run
 
 
-@admin.action(permissions=["change"], description=_("Seal selected open containers"))
-def seal_containers(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Seal open containers (or ones failed as not sealed): their children so far are all."""
-    changed, skipped, left = _each(queryset, containers.seal_open)
-    record(modeladmin, request, "Sealed", changed, len(skipped))
-    report(request, "Sealed", [f"#{pk} {s}" for pk, s in changed.items()], skipped, left)
-
-
-@admin.action(permissions=["delete_finished"], description=_("Delete selected finished jobs"))
-def delete_finished_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    """Delete finished jobs that no unfinished job still needs."""
-    ids, left = _ids(queryset)
+def _delete(
+    modeladmin: Any, request: HttpRequest, ids: list[int], options: dict[str, Any]
+) -> Batch:
     # Read before the delete, as Django's own delete action does: a LogEntry names its row.
     before = {job.pk: job for job in Job.objects.filter(pk__in=ids).only(*LOGGED_FIELDS)}
     deleted, kept = control.delete_finished(ids)
@@ -198,4 +181,84 @@ def delete_finished_jobs(modeladmin: Any, request: HttpRequest, queryset: QueryS
         shown_ids(sorted(deleted)),
         len(kept),
     )
-    report(request, "Deleted", [f"#{pk}" for pk in deleted], kept, left)
+    return dict.fromkeys(deleted, "deleted"), kept
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """What an action does to a batch of job ids: `run` returns (changed, skipped)."""
+
+    verb: str  # "Retried": the report's first word
+    does: str  # "retries": what a bulk job does to the jobs
+    run: Callable[[Any, HttpRequest, list[int], dict[str, Any]], Batch]
+
+
+OPERATIONS = {
+    "retry_jobs": Operation("Retried", "retries", _retry),
+    "cancel_jobs": Operation("Cancelled", "cancels", _recorded("Cancelled", _cancel_one)),
+    "release_leases": Operation(
+        "Released", "releases the leases of", _recorded("Released lease", control.release_lease)
+    ),
+    "seal_containers": Operation("Sealed", "seals", _recorded("Sealed", containers.seal_open)),
+    "delete_finished_jobs": Operation("Deleted", "deletes", _delete),
+}
+
+
+def _act(
+    name: str,
+    modeladmin: Any,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    options: dict[str, Any],
+) -> HttpResponse | None:
+    """Run action `name` on the selection: the page's rows, or after a confirmation the whole
+    filtered list ("select all"), at once up to ACTION_LIMIT jobs and by a job beyond."""
+    from . import bulk
+
+    response = bulk.by_filter(name, modeladmin, request, queryset, options)
+    if response is not None:
+        return response
+    ids, left = _ids(queryset)
+    operation = OPERATIONS[name]
+    changed, skipped = operation.run(modeladmin, request, ids, options)
+    shown = [f"#{pk}" if s == "deleted" else f"#{pk} {s}" for pk, s in changed.items()]
+    report(request, operation.verb, shown, skipped, left)
+    return None
+
+
+# -- the actions --------------------------------------------------------------------------------
+
+
+@admin.action(permissions=["change"], description=_("Retry selected dead or cancelled jobs"))
+def retry_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    """Give dead or cancelled jobs more attempts and revive what their failure cancelled."""
+    form = ExtraAttemptsForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Extra attempts must be a whole number from 1 to 100.")
+        return None
+    extra = form.cleaned_data["extra_attempts"] or 1
+    return _act("retry_jobs", modeladmin, request, queryset, {"extra_attempts": extra})
+
+
+@admin.action(permissions=["change"], description=_("Cancel selected unfinished jobs"))
+def cancel_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    """Cancel jobs that have not finished: at once if not started, cooperatively if running."""
+    return _act("cancel_jobs", modeladmin, request, queryset, {})
+
+
+@admin.action(permissions=["change"], description=_("Release selected stuck leases"))
+def release_leases(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    """Hand leases whose worker is gone back to `ready`."""
+    return _act("release_leases", modeladmin, request, queryset, {})
+
+
+@admin.action(permissions=["change"], description=_("Seal selected open containers"))
+def seal_containers(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    """Seal open containers (or ones failed as not sealed): their children so far are all."""
+    return _act("seal_containers", modeladmin, request, queryset, {})
+
+
+@admin.action(permissions=["delete_finished"], description=_("Delete selected finished jobs"))
+def delete_finished_jobs(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    """Delete finished jobs that no unfinished job still needs."""
+    return _act("delete_finished_jobs", modeladmin, request, queryset, {})
