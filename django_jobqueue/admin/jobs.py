@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 from .. import conf, containers, control
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, Worker
-from . import display, durable, filters, graph, rollup
+from . import display, durable, filters, graph, rollup, timeline
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -78,6 +78,7 @@ class JobAdmin(JobPagesAdmin):
         "upstream",
         "downstream",
         "workflow",
+        "workflow_timeline",
         "lease",
         "attempt_errors",
         "traceback",
@@ -100,6 +101,7 @@ class JobAdmin(JobPagesAdmin):
                 "fields": [
                     "children_summary",
                     "workflow",
+                    "workflow_timeline",
                     "container",
                     "children",
                     "upstream",
@@ -188,7 +190,15 @@ class JobAdmin(JobPagesAdmin):
         return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None or in_workflow(obj):
+        if obj is not None and in_workflow(obj):
+            if obj.is_container:
+                return self.fieldsets
+            # Only a container has a timeline (of its children).
+            return [
+                (name, {"fields": [f for f in opts["fields"] if f != "workflow_timeline"]})
+                for name, opts in self.fieldsets
+            ]
+        if obj is None:
             return self.fieldsets
         # A job on its own: no picture, no empty container and dependency rows.
         alone = ("Workflow", {"fields": ["cancellation", "unique_key"]})
@@ -290,6 +300,10 @@ class JobAdmin(JobPagesAdmin):
     @admin.display(description="picture")
     def workflow(self, job: Job) -> SafeString | str:
         return graph.render(job) if in_workflow(job) else "not part of a workflow"
+
+    @admin.display(description="timeline")
+    def workflow_timeline(self, job: Job) -> SafeString | str:
+        return timeline.render(job) if job.is_container else ""
 
     @admin.display(description="workers, one per start")
     def runs(self, job: Job) -> SafeString | str:
