@@ -152,3 +152,17 @@ def test_delete_and_cancel_by_filter(admin_client: Client) -> None:
     assert set(Job.objects.filter(type=bulk.BULK_HANDLER).values_list("state", flat=True)) == {
         Job.State.DONE
     }
+
+
+def test_select_all_says_what_the_capped_count_knows(admin_client: Client) -> None:
+    now = timezone.now()
+    Job.objects.bulk_create(
+        [
+            Job(type="test.noop", state=Job.State.DEAD, attempts=1, finished_at=now, args={})
+            for _ in range(320)
+        ]
+    )
+    html = admin_client.get(url("deadjob_changelist")).content.decode()
+    assert "Select all 300+ dead jobs matching the filters" in html
+    html = admin_client.get(url("deadjob_changelist") + "?p=2").content.decode()
+    assert "Select all 320 dead jobs matching the filters" in html

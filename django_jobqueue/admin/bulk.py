@@ -112,6 +112,7 @@ def _confirmation(name: str, modeladmin: Any, request: HttpRequest, count: int) 
         "opts": opts,
         "description": _description(action, name),
         "count": count,
+        "count_text": f"{count:,}",
         "in_request": count <= ACTION_LIMIT,
         "limit": ACTION_LIMIT,
         "filters": [(k, v) for k, v in request.GET.items() if k != "p"],

@@ -207,7 +207,7 @@ def _svg(
     height = axis + 6
     width = LABEL + WIDTH + 10
     legend = (
-        f"{len(everything)} children started over {duration(span)}; critical path outlined "
+        f"{len(everything)} children started, over {_length(span)}; critical path outlined "
         "in black; earlier attempts pale; sleeps and waits hatched."
     )
     return mark_safe(
@@ -258,5 +258,10 @@ def _bar_row(bar: Bar, x: Any, y: int) -> str:
     return "".join(out)
 
 
-def _stamp(moment: dt.datetime) -> str:
-    return timezone.localtime(moment).strftime("%H:%M:%S")
+def _stamp(moment: dt.datetime, precise: bool = False) -> str:
+    local = timezone.localtime(moment)
+    return local.strftime("%H:%M:%S.%f")[:-3] if precise else local.strftime("%H:%M:%S")
+
+
+def _length(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else duration(seconds)
