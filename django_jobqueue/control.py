@@ -88,6 +88,11 @@ def retry(
     kept = None
     if isinstance(keep_steps_through, JobStep):
         kept = keep_steps_through.pk
+        if kept is None:
+            raise InvalidJobError(
+                "keep_steps_through must be a step record of the job (a JobStep or its id), "
+                "not an unsaved JobStep."
+            )
     elif keep_steps_through is not None:
         kept = keep_steps_through
         if (

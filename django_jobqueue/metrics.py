@@ -7,8 +7,8 @@ between workers. Once a minute, the first worker to get there samples the ready 
 each queue and the age of its oldest ready job into `MinuteSample` rows, and deletes rows older
 than KEEP. The charts read these rows: at most a few thousand for a day, never the job table.
 
-Minutes are those of the worker's clock (UTC); hosts kept in time by NTP agree to well within
-a minute. The latency of a job is measured from the later of its enqueue (`created_at`, the
+The counts' minutes are those of the worker's clock (UTC), the samples' those of the
+database's; hosts kept in time by NTP agree to well within a minute. The latency of a job is measured from the later of its enqueue (`created_at`, the
 enqueuing host's clock) and its `run_after` to its claim (the worker's clock).
 """
 
@@ -68,7 +68,9 @@ class Tally:
             minute = self._minute(now)
             minute["started"] += len(jobs)
             for job in jobs:
-                if job.attempts != 1 or job.created_at is None:
+                # A first claim only: not a retry, nor a durable job resuming after a sleep or
+                # a wait (it has records then), whose wait is not the queue's.
+                if job.attempts != 1 or job.has_steps or job.created_at is None:
                     continue
                 since = max(job.created_at, job.run_after or job.created_at)
                 waited = max(0.0, (now - since).total_seconds())

@@ -135,6 +135,9 @@ def test_long_work_tour(
     page.wait_for_function(
         "() => document.querySelector('p.jq-live span').textContent.startsWith('Updated')"
     )
+    # The refreshed list keeps Django's selection behaviour (the toggle, the counter).
+    page.check("#action-toggle")
+    assert "1 of 1 selected" in page.locator(".action-counter").inner_text()
     page.goto(base + url("job_change", long.pk))
     before = page.locator("fieldset", has_text="Long job").inner_text()
     page.wait_for_function(

@@ -100,6 +100,14 @@ def test_retry_from_a_step_runs_the_steps_after_it_again(
     assert job.result[0] == {"page": 0, "items": [0, 1]}
 
 
+def test_retry_from_an_unsaved_step_is_refused(tmp_path: Path) -> None:
+    job, _ = dead_after_two_pages(tmp_path)
+    with pytest.raises(InvalidJobError, match="not an unsaved JobStep"):
+        jobqueue.retry(job, keep_steps_through=JobStep(job=job, name="page", attempt=1))
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD and JobStep.objects.filter(job=job).count() == 2
+
+
 def test_retry_from_a_step_refuses_to_clear_a_spawn() -> None:
     job = JobFactory(state=Job.State.DEAD, attempts=1, max_attempts=1, has_steps=True,
                      finished_at=timezone.now())  # fmt: skip

@@ -19,9 +19,16 @@ from tests.admin_support import url
 T0 = dt.datetime(2026, 12, 2, 10, 0, tzinfo=dt.UTC)
 
 
-def claimed(attempts: int, created: dt.datetime, run_after: dt.datetime | None = None):
+def claimed(
+    attempts: int,
+    created: dt.datetime,
+    run_after: dt.datetime | None = None,
+    has_steps: bool = False,
+):
     values = dict.fromkeys(CLAIM_FIELDS)
-    values.update(attempts=attempts, created_at=created, run_after=run_after, id=1)
+    values.update(
+        attempts=attempts, created_at=created, run_after=run_after, id=1, has_steps=has_steps
+    )
     return ClaimedJob("default", [values[name] for name in CLAIM_FIELDS])
 
 
@@ -33,6 +40,7 @@ def test_tally_counts_claims_outcomes_and_first_attempt_latency():
             claimed(1, now - dt.timedelta(seconds=0.03)),  # 30 ms: the 0.05 bucket
             claimed(1, now - dt.timedelta(hours=1), run_after=now - dt.timedelta(seconds=2)),
             claimed(2, now - dt.timedelta(hours=5)),  # a retry: no latency
+            claimed(1, now - dt.timedelta(hours=5), has_steps=True),  # resumed: no latency
         ],
         now=now,
     )
@@ -40,7 +48,7 @@ def test_tally_counts_claims_outcomes_and_first_attempt_latency():
     taken = tally.take(now)
     assert list(taken) == [T0]
     minute = taken[T0]
-    assert (minute["started"], minute["finished"], minute["failed"]) == (3, 2, 1)
+    assert (minute["started"], minute["finished"], minute["failed"]) == (4, 2, 1)
     latency = minute["latency"]
     assert sum(latency) == 2
     assert latency[metrics.LATENCY_BUCKETS.index(0.05)] == 1

@@ -169,8 +169,8 @@ def _as_operator(site: str, model: str, query: str, user: Any) -> tuple[Any, Htt
     if modeladmin is None:
         raise Fail(f"{model!r} has no page on admin site {site!r}.")
     operator = get_user_model()._default_manager.filter(pk=user).first()
-    if operator is None or not operator.is_active:
-        raise Fail(f"User {user} no longer exists or is inactive.")
+    if operator is None or not operator.is_active or not operator.is_staff:
+        raise Fail(f"User {user} no longer exists, is inactive or is no longer staff.")
     request = HttpRequest()
     request.method = "GET"
     request.GET = QueryDict(query)

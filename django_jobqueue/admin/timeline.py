@@ -12,7 +12,7 @@ job (among the children) that finished last, to a job with none. Past ROWS child
 critical path, failed and running children keep their rows and the others collapse into one
 row per handler key (their span, and how many), linked to their list, as the workflow
 picture collapses its sides. It reads the children's times in one query, their durable
-records in another and their edges in a third: at 2,000 children, a few thousand small rows.
+records in two and their edges in a fourth: at 2,000 children, a few thousand small rows.
 """
 
 from __future__ import annotations

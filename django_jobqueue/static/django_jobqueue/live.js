@@ -15,6 +15,15 @@
         return region.querySelector("input[type=checkbox]:checked") !== null;
     }
 
+    function rebind(region) {
+        /* A refreshed list has new checkboxes, "select all" links and Run button: give them
+           Django's selection behaviour again (admin/js/actions.js), as on a page load. */
+        var boxes = region.querySelectorAll("tr input.action-select");
+        if (window.Actions && boxes.length > 0) {
+            window.Actions(boxes);
+        }
+    }
+
     function start(marker) {
         var every = Math.max(1, parseInt(marker.getAttribute("data-jq-live"), 10) || 5) * 1000;
         var target = marker.getAttribute("data-jq-live-target");
@@ -45,6 +54,10 @@
             if (paused) {
                 return;
             }
+            if (document.hidden) {  /* a tab in the background: look again later */
+                schedule();
+                return;
+            }
             if (busy(region)) {
                 show("Held while you select or type; every " + every / 1000 + " s otherwise.");
                 schedule();
@@ -62,6 +75,7 @@
                     var fresh = page.getElementById(region.id);
                     if (fresh) {
                         region.innerHTML = fresh.innerHTML;
+                        rebind(region);
                     }
                     if (marker.id && !page.getElementById(marker.id)) {
                         paused = true;  /* the page is no longer live (the job finished) */
