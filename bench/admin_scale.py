@@ -5,8 +5,12 @@
 Fills the jobs table server-side (INSERT ... SELECT over a recursive sequence: 95% done, 2%
 dead, 1% cancelled, 1% ready, the rest waiting or scheduled, 100 running; four queues, five
 handler keys, twenty groups, finish times spread over a day) plus a workflow of a container
-with 2,000 children, then times every admin page through Django's test client as a
-superuser: the median and the best of 7 loads after one warm-up. A benchmark, never a test.
+with 2,000 children that ran over an hour (some retried, some slept), a durable job that died
+after three steps, and two days of per-minute figures of four workers (the overview's
+charts), then times every admin page through Django's test client as a superuser, and the
+confirmation page of "select all" over the 20,000 dead jobs: the median and the best of 7
+loads after one warm-up. A benchmark, never a test. `bench/admin_browser.py` then drives the
+same database in chromium.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ def fill(total: int) -> None:
     columns = (
         "type, args, state, attempts, max_attempts, queue, priority, group_key, weight, "
         "errors, worker_ids, is_container, sealed, cancel_requested, has_dependents, "
+        "has_children, has_steps, "
         "open_children, unique_slot, created_at, updated_at, finished_at, run_after, "
         "last_error, result"
     )
@@ -97,7 +102,7 @@ def fill(total: int) -> None:
         f"{_case('n', TYPES)}, '{{\"account_id\": 7}}'{json}, {state}, "
         f"CASE WHEN n % 1000 < 980 THEN 1 ELSE 0 END, 3, {_case('n', QUEUES)}, 0, "
         f"{_case('n', groups)}, 1, '[]'{json}, '[]'{json}, {false}, {false}, {false}, "
-        f"{false}, 0, CASE WHEN {finished} THEN NULL ELSE 1 END, {ago}, {ago}, "
+        f"{false}, {false}, {false}, 0, CASE WHEN {finished} THEN NULL ELSE 1 END, {ago}, {ago}, "
         f"CASE WHEN {finished} THEN {ago} ELSE NULL END, "
         f"CASE WHEN n % 1000 >= 995 THEN {ahead} ELSE NULL END, "
         f"CASE WHEN n % 1000 >= 950 AND n % 1000 < 970 THEN '{error}'{json} ELSE NULL END, "
@@ -170,6 +175,90 @@ def workflow() -> tuple[int, int]:
     return int(box.pk), int(children[0].pk)
 
 
+def long_work(box: int) -> int:
+    """The workflow ran: its children done over an hour (every 50th retried, every 40th slept
+    a minute); a durable job died after three steps; two days of figures. Returns the durable
+    job's id."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from django_jobqueue.metrics import LATENCY_BUCKETS, minute_of
+    from django_jobqueue.models import Job, JobStep, MinuteCount, MinuteSample
+
+    now = timezone.now()
+    start = now - dt.timedelta(hours=1, minutes=5)
+    children = list(Job.objects.filter(parent_id=box).order_by("pk"))
+    steps = []
+    for n, job in enumerate(children):
+        job.first_started_at = start + dt.timedelta(seconds=n * 1.7)
+        job.started_at = job.first_started_at + dt.timedelta(seconds=20 if n % 50 == 0 else 0)
+        job.finished_at = job.started_at + dt.timedelta(seconds=30 + n % 17)
+        job.state, job.attempts = "done", 2 if n % 50 == 0 else 1
+        job.errors = [{"type": "builtins.RuntimeError", "message": "502", "attempt": 1}] * (
+            n % 50 == 0
+        )
+        if n % 40 == 0:
+            steps.append(JobStep(job=job, name="@sleep", seq=1, attempt=1, result={"seconds": 60}))
+    Job.objects.bulk_update(
+        children,
+        ["first_started_at", "started_at", "finished_at", "state", "attempts", "errors"],
+        batch_size=500,
+    )
+    Job.objects.filter(parent_id=box).update(lease_owner=None, lease_expires=None)
+    JobStep.objects.bulk_create(steps)
+    for step in steps:  # recorded as the child slept, 5 s into its run
+        JobStep.objects.filter(pk=step.pk).update(
+            created_at=step.job.first_started_at + dt.timedelta(seconds=5)
+        )
+    durable = Job.objects.create(
+        type="reports.build",
+        args={"account_id": 3},
+        state="dead",
+        attempts=1,
+        max_attempts=1,
+        finished_at=now,
+        last_error={"type": "builtins.RuntimeError", "message": "failing after page 3"},
+        has_steps=True,
+    )
+    JobStep.objects.bulk_create(
+        [
+            JobStep(job=durable, name="page", seq=n, attempt=1, result={"page": n}, duration=0.4)
+            for n in range(1, 4)
+        ]
+    )
+    minutes = [minute_of(now) - dt.timedelta(minutes=i) for i in range(2 * 24 * 60)]
+    wave = [1 + (i % 90) / 90 for i in range(len(minutes))]
+    latency = [0] * (len(LATENCY_BUCKETS) + 1)
+    latency[1], latency[3], latency[6] = 400, 80, 9
+    MinuteCount.objects.bulk_create(
+        [
+            MinuteCount(
+                minute=m,
+                worker=f"bench:{w}",
+                started=int(300 * wave[i]),
+                finished=int(290 * wave[i]),
+                failed=int(6 * wave[i]) if i % 7 else 40,
+                latency=latency,
+            )
+            for i, m in enumerate(minutes)
+            for w in range(4)
+        ],
+        batch_size=2000,
+    )
+    MinuteSample.objects.bulk_create(
+        [
+            MinuteSample(
+                minute=m, queue=q, ready=int(500 * wave[i] * (k + 1)), oldest_ready=2.0 * wave[i]
+            )
+            for i, m in enumerate(minutes)
+            for k, q in enumerate(QUEUES)
+        ],
+        batch_size=2000,
+    )
+    return int(durable.pk)
+
+
 def pages(box: int, child: int) -> dict[str, str]:
     from django.urls import reverse
 
@@ -195,10 +284,21 @@ def pages(box: int, child: int) -> dict[str, str]:
             "admin:django_jobqueue_job_change", args=[box]
         ),
         "job page (child)": reverse("admin:django_jobqueue_job_change", args=[child]),
+        "job page (durable, dead after 3 steps)": reverse(
+            "admin:django_jobqueue_job_change",
+            args=[Job.objects.filter(has_steps=True, state="dead").values_list("pk", flat=True)[0]],
+        ),
         "live leases": reverse("admin:django_jobqueue_livelease_changelist"),
         "dead jobs": reverse("admin:django_jobqueue_deadjob_changelist"),
         "workers": reverse("admin:django_jobqueue_worker_changelist"),
         "overview": reverse("admin:django_jobqueue_queueoverview_changelist"),
+        "overview, last day": reverse("admin:django_jobqueue_queueoverview_changelist")
+        + "?range=day",
+        "jobs created=24h": jobs + "?created=24h",
+        "jobs finished=1h": jobs + "?finished=1h",
+        "dead jobs finished=7d": reverse("admin:django_jobqueue_deadjob_changelist")
+        + "?finished=7d",
+        "limits": reverse("admin:django_jobqueue_limit_changelist"),
     }
 
 
@@ -223,6 +323,37 @@ def time_pages(urls: dict[str, str]) -> dict[str, float]:
         figures[f"{name} (best)"] = min(times) * 1000
         print(f"{name:40s} {figures[name]:8.1f} ms  best {min(times) * 1000:8.1f} ms", flush=True)
     return figures
+
+
+def time_select_all() -> dict[str, float]:
+    """The confirmation page of "select all" over every dead job (a POST; nothing is done)."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    from django_jobqueue.models import Job
+
+    client = Client()
+    client.force_login(User.objects.get(username="bench"))
+    first = Job.objects.filter(state="dead").values_list("pk", flat=True)[0]
+    data = {
+        "action": "retry_jobs",
+        "index": "0",
+        "select_across": "1",
+        "_selected_action": [str(first)],
+        "extra_attempts": "1",
+    }
+    page = reverse("admin:django_jobqueue_deadjob_changelist")
+    times = []
+    for _ in range(RUNS + 1):
+        started = time.perf_counter()
+        response = client.post(page, data)
+        times.append(time.perf_counter() - started)
+        assert response.status_code == 200 and b"jq-bulk-count" in response.content
+    name = "select all dead: confirmation"
+    median = statistics.median(times[1:]) * 1000
+    print(f"{name:40s} {median:8.1f} ms  best {min(times[1:]) * 1000:8.1f} ms", flush=True)
+    return {name: median, f"{name} (best)": min(times[1:]) * 1000}
 
 
 def main() -> None:
@@ -250,10 +381,12 @@ def main() -> None:
         started = time.perf_counter()
         fill(opts.jobs)
         box, child = workflow()
+        long_work(box)
         harness.analyze()
         took = time.perf_counter() - started
         print(f"{DB}: filled {opts.jobs} jobs in {took:.1f} s", flush=True)
     figures: dict[str, Any] = time_pages(pages(box, child))
+    figures.update(time_select_all())
     harness.report("admin_scale", {"rows": opts.jobs, **figures})
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Max, Min, Sum
+from django.db.models import Count, Min, Sum
 
 from .models import Job, MinuteCount, MinuteSample
 from .records import ClaimedJob
@@ -157,8 +157,8 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     slots = int((minute_of(until) - first) / MINUTE) // step + 1
     keys = [first + i * step * MINUTE for i in range(slots)]
 
-    def slot(moment: dt.datetime) -> int:
-        return int((moment.astimezone(dt.UTC) - first) / MINUTE) // step
+    def slot(moment: dt.datetime) -> int:  # aware datetimes subtract across time zones
+        return int((moment - first).total_seconds()) // 60 // step
 
     counts = MinuteCount.objects.using(using).filter(minute__gte=first, minute__lte=until)
     out: dict[str, Any] = {"minutes": keys}
@@ -186,11 +186,10 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     samples = MinuteSample.objects.using(using).filter(minute__gte=first, minute__lte=until)
     ready: dict[str, list[int | None]] = {}
     oldest: list[float | None] = [None] * slots
-    per_slot = samples.values_list("minute", "queue").annotate(
-        r=Max("ready"), o=Max("oldest_ready")
-    )
+    # One row per minute and queue (a unique constraint): a step keeps its minutes' largest.
+    per_minute = samples.values_list("minute", "queue", "ready", "oldest_ready")
     sampled = [False] * slots
-    for minute, queue, count, age in per_slot.order_by():
+    for minute, queue, count, age in per_minute.order_by():
         n = slot(minute)
         if not 0 <= n < slots:
             continue

