@@ -8,8 +8,9 @@ each queue and the age of its oldest ready job into `MinuteSample` rows, and del
 than KEEP. The charts read these rows: at most a few thousand for a day, never the job table.
 
 The counts' minutes are those of the worker's clock (UTC), the samples' those of the
-database's; hosts kept in time by NTP agree to well within a minute. The latency of a job is measured from the later of its enqueue (`created_at`, the
-enqueuing host's clock) and its `run_after` to its claim (the worker's clock).
+database's; hosts kept in time by NTP agree to well within a minute. The latency of a job is
+measured from the later of its enqueue (`created_at`, the enqueuing host's clock) and its
+`run_after` to its claim (the worker's clock).
 """
 
 from __future__ import annotations
