@@ -20,7 +20,7 @@ from .. import metrics
 from . import display
 
 W, H = 560, 150  # the plot area
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 22
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 24, 22  # the legend sits above the plot
 PALETTE = ("#1565c0", "#2e7d32", "#b71c1c", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#455a64")
 RANGES = {"hour": (dt.timedelta(hours=1), 1), "day": (dt.timedelta(days=1), 10)}
 MAX_QUEUES = 8  # backlog lines drawn; the rest are summed into "other queues"
@@ -136,8 +136,8 @@ def _chart(
     for n, (name, colour, _) in enumerate(lines):
         lx = LEFT + 8 + n * 110
         legend.append(
-            f'<rect x="{lx}" y="{TOP}" width="10" height="10" fill="{colour}"/>'
-            f'<text x="{lx + 14}" y="{TOP + 9}">{escape(name[:16])}</text>'
+            f'<rect x="{lx}" y="2" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{lx + 14}" y="11">{escape(name[:16])}</text>'
         )
     width, height = LEFT + W + RIGHT, TOP + H + BOTTOM
     svg = (
