@@ -160,6 +160,21 @@ class JobPagesAdmin(OwnFiltersAdmin):
         error = {"type": kind, "message": getattr(job, "error_message", "")}
         return display.first_line(error, limit=80)
 
+    @admin.display(description="queue / group")
+    def queue_and_group(self, job: Job) -> SafeString:
+        if not job.group_key:
+            return format_html("{}", job.queue)
+        return format_html('{}<span class="jq-sub">{}</span>', job.queue, job.group_key)
+
+    @admin.display(description="running")
+    def running(self, job: Job) -> SafeString | str:
+        """How long a running job has run, and its progress under it (one column)."""
+        took = self.running_for(job)
+        bar = self.progress_bar(job)
+        if took and bar:
+            return format_html('{}<span class="jq-sub">{}</span>', took, bar)
+        return took or bar
+
     @admin.display(description="running for")
     def running_for(self, job: Job) -> SafeString | str:
         if job.state != Job.State.RUNNING or job.started_at is None:

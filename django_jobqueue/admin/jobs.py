@@ -43,12 +43,10 @@ class JobAdmin(JobPagesAdmin):
         "job",
         "type",
         "state_badge",
-        "queue",
-        "group_key",
+        "queue_and_group",
         "attempts_of",
         "created",
-        "running_for",
-        "progress_bar",
+        "running",
         "last_error_line",
     ]
     list_filter = [
