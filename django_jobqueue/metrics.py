@@ -155,6 +155,7 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     was recorded).
     """
     first = minute_of(since)
+    first -= (first.minute % step) * MINUTE  # steps start on the hour's multiples of `step`
     slots = int((minute_of(until) - first) / MINUTE) // step + 1
     keys = [first + i * step * MINUTE for i in range(slots)]
 

@@ -217,3 +217,19 @@ def test_live_pages_carry_the_refresh_marker_and_script(admin_client: Client, sc
     # The list's refresh replaces its changelist region (the script holds while a row is ticked).
     leases = admin_client.get(pages["live leases"]).content.decode()
     assert 'data-jq-live-target="changelist"' in leases
+
+
+@pytest.mark.django_db
+def test_steps_start_on_the_hours_multiples_and_lose_no_minute():
+    lat = [0] * (len(metrics.LATENCY_BUCKETS) + 1)
+    for minute in range(3, 25):  # 10:03 to 10:24, one finished job each
+        metrics.write(
+            "default",
+            "w",
+            {T0 + dt.timedelta(minutes=minute): {"finished": 1, "latency": lat}},
+        )
+    data = metrics.series(
+        "default", T0 + dt.timedelta(minutes=3), T0 + dt.timedelta(minutes=29), 10
+    )
+    assert data["minutes"] == [T0 + dt.timedelta(minutes=m) for m in (0, 10, 20)]
+    assert data["finished"] == [7, 10, 5]
