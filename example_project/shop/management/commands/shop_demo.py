@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Sum
 from rich import box
 from rich.console import Console
 from rich.live import Live
@@ -33,13 +33,15 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 import django_jobqueue as jobqueue
+from django_jobqueue.admin import timeline
 from django_jobqueue.admin.graph import render
-from django_jobqueue.models import Job, JobStep
+from django_jobqueue.models import Job, JobStep, MinuteCount
 from shop.models import Order
 
 TENANTS = {"acme": 3, "globex": 1}  # group -> weight
 OPS = "ops"  # the operations team's jobs: weight 1
 SITE = "http://127.0.0.1:8000"
+OVERVIEW = "/admin/django_jobqueue/queueoverview/"
 FINAL = {Job.State.DONE, Job.State.DEAD, Job.State.CANCELLED}
 COLUMNS = ["waiting", "scheduled", "ready", "running", "done", "dead", "cancelled"]
 HEADERS = ["waiting", "sched.", "ready", "running", "done", "dead", "cancelled"]
@@ -154,6 +156,7 @@ class Command(BaseCommand):
 
         console.rule("[bold]5. Summary")
         problems = self.summary(cast)
+        problems += self.operators_view(cast)
         if problems:
             for problem in problems:
                 console.print(f"[red]✗ {problem}")
@@ -164,6 +167,11 @@ class Command(BaseCommand):
             f"\nOpen the example site, logged in as admin / admin, at {SITE}/admin/ with:\n"
         )
         console.print("    [bold]make demo-site[/]", highlight=False)
+        console.print(
+            f"\nthen the overview, with this run's charts: {SITE}{OVERVIEW}\nand acme's "
+            f"workflow, with its timeline: {SITE}/admin/django_jobqueue/job/"
+            f"{cast.containers['acme'].pk}/change/"
+        )
 
     def run_worker(self, cast: Cast) -> None:
         """Run jobqueue_worker in a subprocess; show the queue live until the story is over."""
@@ -303,6 +311,26 @@ class Command(BaseCommand):
             bar = ProgressBar(total=max(total, 1), completed=final, width=12)
             table.add_row(group, str(TENANTS.get(group, 1)), *cells, bar)
         return table
+
+    def operators_view(self, cast: Cast) -> list[str]:
+        """Say what the admin shows of this run; return what it would lack."""
+        figures = MinuteCount.objects.aggregate(f=Sum("finished"), x=Sum("failed"))
+        ended = (figures["f"] or 0) + (figures["x"] or 0)
+        ran = Job.objects.filter(is_container=False).exclude(started_at=None).count()
+        self.console.print(
+            f"The worker recorded its figures minute by minute ({figures['f'] or 0} attempts "
+            f"finished, {figures['x'] or 0} failed): the admin's overview draws them (jobs per "
+            "minute, backlog, latency). acme's container page draws its children on a "
+            "timeline, the critical path outlined."
+        )
+        problems = []
+        if ended < ran:
+            problems.append(f"the charts' figures count {ended} ended attempts for {ran} jobs")
+        if "jq-timeline" not in str(
+            timeline.render(Job.objects.get(pk=cast.containers["acme"].pk))
+        ):
+            problems.append("acme's workflow has no timeline")
+        return problems
 
     def summary(self, cast: Cast) -> list[str]:
         """Print jobs by state, by type and the fair share; return what went wrong."""

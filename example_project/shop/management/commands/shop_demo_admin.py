@@ -43,3 +43,10 @@ class Command(BaseCommand):
             f"Open {SITE}/admin/ and log in as {USERNAME} / {PASSWORD}; the demo's jobs are at "
             f"{SITE}/admin/django_jobqueue/job/. Ctrl-C stops the server."
         )
+        acme = Job.objects.filter(is_container=True, type="catalogue-acme").first()
+        if acme is not None:
+            self.stdout.write(
+                f"The story ends on the overview, with the run's charts: "
+                f"{SITE}/admin/django_jobqueue/queueoverview/ and on acme's workflow, with its "
+                f"timeline: {SITE}/admin/django_jobqueue/job/{acme.pk}/change/"
+            )
