@@ -148,8 +148,13 @@ def _retry(modeladmin: Any, request: HttpRequest, ids: list[int], options: dict[
 
 
 def _cancel_one(pk: int) -> str | None:
+    # Read before: a running job's handler may see the request and end `cancelled` before a
+    # read after the cancel, and the operator asked a running job to stop, not cancelled it.
+    before = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
     if not control.cancel(pk):
         return None
+    if before in Job.LEASED_STATES:
+        return "cancel requested"
     state = Job.objects.filter(pk=pk).values_list("state", flat=True).first()
     return "cancel requested" if state in Job.LEASED_STATES else str(state)
 
