@@ -159,6 +159,7 @@ def test_operator_tour(browser: Any, live_server: Any, start_worker: Any, shots:
     page.screenshot(path=shots / "index.png")
 
     page.click("text=Overview")
+    page.wait_for_selector("#jq-by-queue")  # the click's navigation has loaded the page
     assert "Job queue overview" in page.title()
     assert page.locator("#jq-by-queue").inner_text().count("emails") == 1
     assert "waiting" in page.locator("#jq-health").inner_text()  # the oldest ready job's age
