@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,15 +40,20 @@ def minute_of(moment: dt.datetime) -> dt.datetime:
 
 
 class Tally:
-    """One worker's counts per minute, from its dispatcher's and completer's threads."""
+    """One worker's counts per minute, from its dispatcher's and completer's threads.
+
+    Called for every claim and every written batch of outcomes, so it keeps its minutes as
+    whole minutes since the epoch (an int from `time.time()`, no datetime built per call) and
+    turns them into datetimes only when the recorder takes them.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._minutes: dict[dt.datetime, dict[str, Any]] = {}
-        self._dirty: set[dt.datetime] = set()
+        self._minutes: dict[int, dict[str, Any]] = {}
+        self._dirty: set[int] = set()
 
-    def _minute(self, now: dt.datetime) -> dict[str, Any]:
-        key = minute_of(now)
+    def _minute(self, timestamp: float) -> dict[str, Any]:
+        key = int(timestamp // 60)
         found = self._minutes.get(key)
         if found is None:
             found = self._minutes[key] = {
@@ -66,7 +72,7 @@ class Tally:
         if not jobs:
             return
         with self._lock:
-            minute = self._minute(now)
+            minute = self._minute(now.timestamp())
             minute["started"] += len(jobs)
             for job in jobs:
                 # A first claim only: not a retry, nor a durable job resuming after a sleep or
@@ -84,19 +90,23 @@ class Tally:
         if not (finished or failed):
             return
         with self._lock:
-            minute = self._minute(now or dt.datetime.now(dt.UTC))
+            minute = self._minute(now.timestamp() if now else time.time())
             minute["finished"] += finished
             minute["failed"] += failed
 
     def take(self, now: dt.datetime | None = None) -> dict[dt.datetime, dict[str, Any]]:
         """The minutes changed since the last take (their totals so far); forget old ones."""
-        current = minute_of(now or dt.datetime.now(dt.UTC))
+        current = int((now.timestamp() if now else time.time()) // 60)
         with self._lock:
-            changed = {key: _copy(self._minutes[key]) for key in self._dirty}
+            changed = {_datetime(key): _copy(self._minutes[key]) for key in self._dirty}
             self._dirty.clear()
-            for key in [k for k in self._minutes if k < current - MINUTE]:
+            for key in [k for k in self._minutes if k < current - 1]:
                 del self._minutes[key]  # written already: a minute gets nothing after the next
         return changed
+
+
+def _datetime(minute: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(minute * 60, dt.UTC)
 
 
 def _copy(minute: dict[str, Any]) -> dict[str, Any]:
