@@ -136,3 +136,16 @@ def test_retry_from_a_step_is_a_post_of_a_user_who_may_change_jobs(tmp_path: Pat
     assert Job.objects.get(pk=job.pk).state == Job.State.READY
     entries = LogEntry.objects.filter(object_id=str(job.pk), change_message__contains="steps")
     assert entries.get().user.username == "changer"
+
+
+def test_retry_from_a_step_offers_the_latest_records_and_selects_the_last() -> None:
+    from django_jobqueue.admin.durable import SHOWN_STEPS, retry_points
+
+    job = JobFactory(state=Job.State.DEAD, attempts=1, finished_at=timezone.now(), has_steps=True)
+    JobStep.objects.bulk_create(
+        [JobStep(job=job, name="page", seq=n, attempt=1) for n in range(1, SHOWN_STEPS + 6)]
+    )
+    points = retry_points(job)
+    ids = list(JobStep.objects.filter(job=job).order_by("pk").values_list("pk", flat=True))
+    assert [pk for pk, _ in points] == ids[5:]  # the latest 200, oldest first
+    assert points[-1][1] == f"page #{SHOWN_STEPS + 5} (attempt 1)"

@@ -119,6 +119,8 @@ def retry_points(job: Job) -> list[tuple[int, str]]:
     spawned = last_spawn.first()
     if spawned is not None:
         records = records.filter(pk__gte=spawned)
-    rows = records.values_list("pk", "name", "seq", "attempt")[:SHOWN_STEPS]
+    # The latest SHOWN_STEPS, oldest first: the last one (selected) keeps every record, so a
+    # click without a choice never clears records the select does not show.
+    latest = records.order_by("-pk").values_list("pk", "name", "seq", "attempt")[:SHOWN_STEPS]
     return [(pk, f"{KINDS.get(name, name)} #{seq} (attempt {attempt})") for pk, name, seq,
-            attempt in rows]  # fmt: skip
+            attempt in reversed(latest)]  # fmt: skip
