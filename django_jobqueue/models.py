@@ -98,6 +98,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.CASCADE,
         related_name="children",
+        db_index=False,  # jobqueue_job_parent below, over the rows that have one
     )
     run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     timeout = models.FloatField(_("timeout (seconds)"), null=True, blank=True)
@@ -132,6 +133,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,  # jobqueue_job_cancelled_by below, over the rows that have one
     )
     unique_key = KeyField(_("unique key"), max_length=255, null=True, blank=True)
     # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
@@ -181,6 +183,19 @@ class Job(models.Model):
             # no UPDATE changes), which the ready index's leading state column makes moot there.
             PartialIndex(
                 fields=["queue"], where=Q(state="waiting"), name="jobqueue_job_waiting_queue"
+            ),
+            # The two nullable references, over the rows that have one. A plain index on a
+            # column that is NULL in most rows misleads SQLite once ANALYZE has run (its
+            # statistics count the NULLs as one value shared by every row, so `parent_id = ?
+            # AND state = ?` scanned the table instead); partial, it counts only real values.
+            # MySQL/MariaDB index every row (its foreign keys need an index there anyway).
+            PartialIndex(
+                fields=["parent"], where=Q(parent__isnull=False), name="jobqueue_job_parent"
+            ),
+            PartialIndex(
+                fields=["cancelled_by"],
+                where=Q(cancelled_by__isnull=False),
+                name="jobqueue_job_cancelled_by",
             ),
         ]
         constraints = [
