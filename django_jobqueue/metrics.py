@@ -23,8 +23,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Min, Sum
+from django.db.models import Count, IntegerField, Max, Min, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
+from .dialects.functions import MinuteSlot
 from .models import Job, MinuteCount, MinuteSample
 from .records import ClaimedJob
 
@@ -104,6 +107,15 @@ class Tally:
                 del self._minutes[key]  # written already: a minute gets nothing after the next
         return changed
 
+    def untake(self, minutes: Iterable[dt.datetime]) -> None:
+        """Mark minutes taken but not written as changed again: the next take has them (with
+        their totals by then), unless they are old enough to be forgotten."""
+        with self._lock:
+            for moment in minutes:
+                key = int(moment.timestamp() // 60)
+                if key in self._minutes:
+                    self._dirty.add(key)
+
 
 def _datetime(minute: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(minute * 60, dt.UTC)
@@ -133,15 +145,27 @@ def sample(using: str, now: dt.datetime) -> bool:
     Returns whether this call sampled. Two workers may both sample the same minute now and
     then: the second one's rows are ignored.
     """
-    minute = minute_of(now)
-    samples = MinuteSample.objects.using(using)
-    if samples.filter(minute=minute).exists():
+    rows = backlog(using, now)
+    if rows is None:
         return False
+    store_sample(using, rows)
+    return True
+
+
+def backlog(using: str, now: dt.datetime) -> list[MinuteSample] | None:
+    """The sample of minute `now` (rows not saved yet), or None if a worker took it already.
+
+    Reads only: the recorder saves the rows in a write transaction of their own (on SQLite a
+    write transaction holds the whole database, and the ready rows' count may take a while).
+    """
+    minute = minute_of(now)
+    if MinuteSample.objects.using(using).filter(minute=minute).exists():
+        return None
     jobs = Job.objects.using(using).filter(state=Job.State.READY)
     # One pass over the ready rows: their number and their oldest wait, per queue (a ready
     # row's updated_at is when it began to wait: see stats.oldest_ready).
     per_queue = jobs.order_by().values_list("queue").annotate(n=Count("pk"), at=Min("updated_at"))
-    rows = [
+    return [
         MinuteSample(
             minute=minute,
             queue=queue,
@@ -150,11 +174,15 @@ def sample(using: str, now: dt.datetime) -> bool:
         )
         for queue, count, at in per_queue
     ] or [MinuteSample(minute=minute, queue="", ready=0, oldest_ready=None)]
+
+
+def store_sample(using: str, rows: list[MinuteSample]) -> None:
+    """Save a minute's sample (unless a worker saved one), and delete rows older than KEEP."""
+    samples = MinuteSample.objects.using(using)
     samples.bulk_create(rows, ignore_conflicts=True)
-    cutoff = minute - KEEP
+    cutoff = rows[0].minute - KEEP
     samples.filter(minute__lt=cutoff).delete()
     MinuteCount.objects.using(using).filter(minute__lt=cutoff).delete()
-    return True
 
 
 def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) -> dict[str, Any]:
@@ -169,40 +197,45 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     slots = int((minute_of(until) - first) / MINUTE) // step + 1
     keys = [first + i * step * MINUTE for i in range(slots)]
 
-    def slot(moment: dt.datetime) -> int:  # aware datetimes subtract across time zones
-        return int((moment - first).total_seconds()) // 60 // step
-
-    counts = MinuteCount.objects.using(using).filter(minute__gte=first, minute__lte=until)
+    # Grouped by slot in the database: a day is a few hundred rows of integers, not thousands
+    # of datetimes to convert (the day chart read 12,000 rows, 150 ms on MariaDB).
+    in_range = {"minute__gte": first, "minute__lte": until}
+    counts = MinuteCount.objects.using(using).filter(**in_range)
+    counts = counts.annotate(slot=MinuteSlot("minute", first, step)).order_by()
     out: dict[str, Any] = {"minutes": keys}
-    totals = {name: [0] * slots for name in ("started", "finished", "failed")}
-    seen = [False] * slots
-    summed = counts.values_list("minute").annotate(
+    totals: dict[str, list[int | None]] = {
+        name: [None] * slots for name in ("started", "finished", "failed")
+    }
+    summed = counts.values_list("slot").annotate(
         s=Sum("started"), f=Sum("finished"), x=Sum("failed")
     )
-    for minute, started, finished, failed in summed.order_by():
-        n = slot(minute)
+    for n, *values in summed:
         if 0 <= n < slots:
-            seen[n] = True
-            totals["started"][n] += started or 0
-            totals["finished"][n] += finished or 0
-            totals["failed"][n] += failed or 0
-    for name, values in totals.items():
-        out[name] = [v if seen[i] else None for i, v in enumerate(values)]
+            for name, value in zip(totals, values, strict=True):
+                totals[name][n] = value or 0
+    out.update(totals)
     merged = [[0] * (len(LATENCY_BUCKETS) + 1) for _ in range(slots)]
-    for minute, latency in counts.values_list("minute", "latency").order_by():
-        n = slot(minute)
-        if 0 <= n < slots and latency:
-            merged[n] = [a + b for a, b in zip(merged[n], latency, strict=False)]
+    bucket_sums = {
+        f"b{i}": Sum(Cast(KeyTextTransform(str(i), "latency"), IntegerField()))
+        for i in range(len(LATENCY_BUCKETS) + 1)
+    }
+    for n, *latency in counts.values_list("slot").annotate(**bucket_sums):
+        if 0 <= n < slots:
+            merged[n] = [v or 0 for v in latency]
     out["p50"] = [quantile(buckets, 0.5) for buckets in merged]
     out["p95"] = [quantile(buckets, 0.95) for buckets in merged]
-    samples = MinuteSample.objects.using(using).filter(minute__gte=first, minute__lte=until)
+    samples = MinuteSample.objects.using(using).filter(**in_range)
     ready: dict[str, list[int | None]] = {}
     oldest: list[float | None] = [None] * slots
     # One row per minute and queue (a unique constraint): a step keeps its minutes' largest.
-    per_minute = samples.values_list("minute", "queue", "ready", "oldest_ready")
+    per_slot = (
+        samples.annotate(slot=MinuteSlot("minute", first, step))
+        .order_by()
+        .values_list("slot", "queue")
+        .annotate(most=Max("ready"), age=Max("oldest_ready"))
+    )
     sampled = [False] * slots
-    for minute, queue, count, age in per_minute.order_by():
-        n = slot(minute)
+    for n, queue, count, age in per_slot:
         if not 0 <= n < slots:
             continue
         sampled[n] = True

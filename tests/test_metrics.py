@@ -62,6 +62,24 @@ def test_tally_counts_claims_outcomes_and_first_attempt_latency():
     assert tally.take(later)[T0 + dt.timedelta(minutes=3)]["finished"] == 2  # totals so far
 
 
+def test_minutes_not_written_are_taken_again():
+    """The recorder hands back what it could not write: the next take has those minutes, with
+    their totals by then; a minute old enough to be forgotten is not brought back."""
+    tally = metrics.Tally()
+    now = T0 + dt.timedelta(seconds=10)
+    tally.recorded(finished=3, now=now)
+    taken = tally.take(now)
+    assert tally.take(now) == {}
+    tally.untake(taken)
+    tally.recorded(finished=1, now=now)
+    assert tally.take(now)[T0]["finished"] == 4
+    later = T0 + dt.timedelta(minutes=5)
+    tally.recorded(finished=1, now=later)
+    tally.take(later)  # forgets T0
+    tally.untake(taken)
+    assert tally.take(later) == {}
+
+
 def test_quantile_reads_the_bucket_bounds():
     buckets = [0] * (len(metrics.LATENCY_BUCKETS) + 1)
     assert metrics.quantile(buckets, 0.5) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
@@ -34,17 +35,34 @@ class Recorder(Duty):
 
     def tick(self) -> float | None:
         now = dt.datetime.now(dt.UTC)
-        metrics.write(self.dialect.using, self.worker_id, self.tally.take(now))
+        self._write(self.tally.take(now))
         minute = metrics.minute_of(now)
         if self._sampled != minute:
-            metrics.sample(self.dialect.using, self.dialect.now())
+            using = self.dialect.using
+            rows = metrics.backlog(using, self.dialect.now())
+            if rows is not None:
+                self.dialect.run_in_transaction(lambda: metrics.store_sample(using, rows))
             self._sampled = minute
         return None
+
+    def _write(self, minutes: dict[dt.datetime, dict[str, Any]]) -> None:
+        """Upsert the minutes in a write transaction of their own, retried on lock contention
+        (on SQLite: BEGIN IMMEDIATE and the busy retry, as every worker write); minutes that
+        could not be written are written with the next tick's."""
+        if not minutes:
+            return
+        try:
+            self.dialect.run_in_transaction(
+                lambda: metrics.write(self.dialect.using, self.worker_id, minutes)
+            )
+        except BaseException:
+            self.tally.untake(minutes)
+            raise
 
     def run(self) -> None:
         super().run()
         try:  # the last seconds' totals, once the worker stops
-            metrics.write(self.dialect.using, self.worker_id, self.tally.take())
+            self._write(self.tally.take())
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Could not write the last minute's figures (%s)", exc)
         finally:
