@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.browser_support import log_in, watch_problems
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "bench-browser-pw"
@@ -94,25 +96,7 @@ def main() -> None:
             )
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(120_000)
-            # Failed loads are caught by address below (a browser asks for /favicon.ico,
-            # which the admin does not serve); other console errors count as they are.
-            page.on(
-                "console",
-                lambda m: (
-                    problems.append(m.text)
-                    if m.type == "error" and not m.text.startswith("Failed to load resource")
-                    else None
-                ),
-            )
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.on(
-                "response",
-                lambda r: (
-                    problems.append(f"{r.status} {r.url}")
-                    if r.status >= 400 and not r.url.endswith("/favicon.ico")
-                    else None
-                ),
-            )
+            problems = watch_problems(page)
 
             def visit(name: str, path: str) -> None:
                 page.goto(base + path)
@@ -130,11 +114,7 @@ def main() -> None:
                     kwargs = {} if locator is not None else {"full_page": True}
                     target.screenshot(path=str(opts.shots / name), **kwargs)
 
-            page.goto(f"{base}/admin/login/")
-            page.fill("#id_username", "ops")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
-            page.wait_for_selector("#content-main")
+            log_in(page, base, "ops", PASSWORD)
 
             admin = "/admin/django_jobqueue"
             visit("overview", f"{admin}/queueoverview/")

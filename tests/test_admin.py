@@ -73,6 +73,8 @@ def test_job_list_shows_error_line_run_time_and_newest_first(
         ("group=acme", ["ready"]),
         ("type=emails.send", ["ready"]),
         ("has_error=yes", ["dead", "child_dead", "downstream"]),
+        # A workflow's "see them" link: its dead and cancelled children, failed once or not.
+        ("container={container}&state=failed", ["child_dead", "downstream"]),
         ("q=emails.send", ["ready"]),
         ("q=fetch-7", ["dead"]),
         ("container={container}", ["child_done", "child_dead", "downstream"]),

@@ -25,6 +25,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, Worker
 from tests import admin_support as support
 from tests.admin_support import url
+from tests.browser_support import log_in
 from tests.conftest import poll, wait_for_job
 from tests.workflow_support import FAST
 
@@ -145,15 +146,7 @@ def test_operator_tour(browser: Any, live_server: Any, start_worker: Any, shots:
     page.set_default_navigation_timeout(120_000)
     base = live_server.url
 
-    response = page.goto(f"{base}/admin/login/")
-    assert response is not None and response.ok, (
-        response and response.status,
-        page.content()[:3000],
-    )
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#content-main")
+    log_in(page, base, "ops", PASSWORD)
     for link in ("Overview", "Live leases", "Dead jobs", "Jobs", "Workers"):
         assert page.get_by_role("link", name=link, exact=True).count() >= 1, link
     page.screenshot(path=shots / "index.png")
@@ -266,11 +259,7 @@ def test_state_colours_and_warnings_apply_under_a_strict_csp(
 
     page.route("**/admin/**", strict)
     base = live_server.url
-    page.goto(f"{base}/admin/login/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#content-main")
+    log_in(page, base, "ops", PASSWORD)
 
     def computed(selector: str, prop: str) -> str:
         return str(page.locator(selector).first.evaluate(f"e => getComputedStyle(e).{prop}"))

@@ -18,6 +18,7 @@ from django.utils import timezone
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, JobStep, MinuteCount
 from tests.admin_support import url
+from tests.browser_support import log_in, watch_problems
 from tests.conftest import poll, wait_for_job
 from tests.test_admin_browser import PASSWORD, browser, shots  # noqa: F401  (fixtures)
 from tests.testapp.durable_jobs import lines
@@ -82,32 +83,9 @@ def test_long_work_tour(
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)
     page.set_default_navigation_timeout(120_000)
-    problems: list[str] = []
-    # Console errors, and failed loads by their address (a browser asks for /favicon.ico,
-    # which the admin does not serve: not a fault of the pages).
-    page.on(
-        "console",
-        lambda m: (
-            problems.append(m.text)
-            if m.type == "error" and not m.text.startswith("Failed to load resource")
-            else None
-        ),
-    )
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.on(
-        "response",
-        lambda r: (
-            problems.append(f"{r.status} {r.url}")
-            if r.status >= 400 and not r.url.endswith("/favicon.ico")
-            else None
-        ),
-    )
+    problems = watch_problems(page)
     base = live_server.url
-    page.goto(f"{base}/admin/login/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#content-main")
+    log_in(page, base, "ops", PASSWORD)
 
     # The overview: four charts with lines, refreshing every 5 s until paused.
     page.goto(base + url("queueoverview_changelist"))

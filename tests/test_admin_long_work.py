@@ -46,6 +46,7 @@ def test_a_workflow_page_counts_its_children_and_shows_a_failed_one(admin_client
     html = admin_client.get(url("job_change", box.pk)).content.decode()
     assert '<progress max="30" value="21"></progress> 21 of 30 children final (70%)' in html
     assert "1 of its children failed" in html
+    assert f'?container={box.pk}&amp;state=failed">see them' in html
     assert f"?container={box.pk}&amp;state=dead" in html
     assert "21 children finished in the last 5 minutes" in html and "left at that pace" in html
 

@@ -144,13 +144,8 @@ class JobPagesAdmin(OwnFiltersAdmin):
     def attempts_of(self, job: Job) -> str:
         return f"{job.attempts} of {job.max_attempts}"
 
-    @admin.display(description="created")
-    def created(self, job: Job) -> SafeString:
-        return display.moment(job.created_at)
-
-    @admin.display(description="finished")
-    def finished(self, job: Job) -> SafeString:
-        return display.moment(job.finished_at)
+    created = display.moment_column("created_at", "created")
+    finished = display.moment_column("finished_at", "finished")
 
     @admin.display(description="last error")
     def last_error_line(self, job: Job) -> str:

@@ -90,6 +90,16 @@ def moment(value: dt.datetime | None) -> SafeString:
     )
 
 
+def moment_column(field: str, description: str) -> Any:
+    """An admin column or read-only field showing a model's datetime `field` as moment()."""
+
+    def show(model_admin: Any, obj: Any) -> SafeString:
+        return moment(getattr(obj, field))
+
+    show.short_description = description  # type: ignore[attr-defined]
+    return show
+
+
 def duration(seconds: float) -> str:
     """A number of seconds as '3s', '2m 05s', '1h 02m' or '3d 04h'."""
     whole = int(seconds)

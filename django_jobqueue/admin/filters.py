@@ -120,18 +120,21 @@ class HasErrorFilter(admin.SimpleListFilter):
 
 
 class StateFilter(admin.SimpleListFilter):
-    """The job states, from Job.State."""
+    """The job states, from Job.State, and "failed": dead or cancelled (FAILED_STATES)."""
 
     title = _("state")
     parameter_name = "state"
+    FAILED = "failed"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return list(Job.State.choices)
+        return [*Job.State.choices, (self.FAILED, _("failed (dead or cancelled)"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if not value:
             return queryset
+        if value == self.FAILED:
+            return queryset.filter(state__in=Job.FAILED_STATES)
         return queryset.filter(state=value) if searchable(value) else queryset.none()
 
 

@@ -372,21 +372,10 @@ class JobAdmin(JobPagesAdmin):
     def waits_for(self, job: Job) -> SafeString | str:
         return durable.waits_for(job)
 
-    @admin.display(description="created")
-    def created_time(self, job: Job) -> SafeString:
-        return display.moment(job.created_at)
-
-    @admin.display(description="updated")
-    def updated_time(self, job: Job) -> SafeString:
-        return display.moment(job.updated_at)
-
-    @admin.display(description="started (its latest claim)")
-    def started_time(self, job: Job) -> SafeString:
-        return display.moment(job.started_at)
-
-    @admin.display(description="finished")
-    def finished_time(self, job: Job) -> SafeString:
-        return display.moment(job.finished_at)
+    created_time = display.moment_column("created_at", "created")
+    updated_time = display.moment_column("updated_at", "updated")
+    started_time = display.moment_column("started_at", "started (its latest claim)")
+    finished_time = display.moment_column("finished_at", "finished")
 
 
 def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:

@@ -94,7 +94,7 @@ def summary(job: Job) -> SafeString:
         format_html(
             '<p class="jq-warn">{} of its children failed: <a href="{}">see them</a>.</p>',
             failed,
-            graph.changelist(container=job.pk) + "&has_error=yes",
+            graph.changelist(container=job.pk) + "&state=failed",
         )
         if failed
         else ""

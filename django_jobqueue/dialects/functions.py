@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
+from django.db import NotSupportedError
 from django.db.models import DateTimeField, Func, IntegerField, Value
 from django.db.models.functions import Now
 
@@ -26,6 +27,7 @@ class MinuteSlot(Func):
     The admin's charts group their per-minute rows in the database with it, so that a day
     of figures comes back as a few hundred integers rather than thousands of datetimes to
     convert. Rows before `first` are filtered out by the caller (the division truncates).
+    Datetimes are stored in UTC (USE_TZ, and no per-database TIME_ZONE), as everywhere here.
     """
 
     output_field = IntegerField()
@@ -33,6 +35,9 @@ class MinuteSlot(Func):
     def __init__(self, column: str, first: dt.datetime, step: int) -> None:
         super().__init__(column, Value(first, output_field=DateTimeField()))
         self.step = int(step)
+
+    def as_sql(self, compiler: Any, connection: Any, *args: Any, **extra_context: Any) -> Any:
+        raise NotSupportedError(f"MinuteSlot has no SQL for {connection.vendor}.")
 
     def _parts(self, compiler: Any) -> tuple[str, str, list[Any], list[Any]]:
         (column, column_params), (first, first_params) = (
@@ -42,8 +47,8 @@ class MinuteSlot(Func):
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         column, first, column_params, first_params = self._parts(compiler)
-        seconds = f"CAST(EXTRACT(EPOCH FROM ({column} - {first})) AS BIGINT)"
-        return f"({seconds} / {60 * self.step})", column_params + first_params
+        seconds = f"EXTRACT(EPOCH FROM ({column} - {first}))"
+        return f"CAST(FLOOR({seconds} / {60 * self.step}) AS INTEGER)", column_params + first_params
 
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         column, first, column_params, first_params = self._parts(compiler)

@@ -2,8 +2,9 @@
 
 Every RECORD_EVERY seconds it upserts the worker's own `MinuteCount` rows with the totals its
 dispatcher and completer tallied (`metrics.Tally`); once a minute it samples the ready backlog
-per queue, unless another worker did for that minute (`metrics.sample`), and deletes the rows
-older than two days. See metrics.py for what the figures are and what they cost.
+per queue, unless another worker did for that minute (`metrics.backlog`), and saves it and
+deletes the rows older than two days (`metrics.store_sample`). See metrics.py for what the
+figures are and what they cost.
 """
 
 from __future__ import annotations
