@@ -128,16 +128,22 @@ class Completer(Duty):
         finally:
             connections.close_all()
 
+    def _take(self, timeout: float | None = None) -> bool:
+        """Move one more submitted outcome to the pending batch, waiting up to `timeout`
+        seconds for it (None: not at all). False when none came, or the queue is stopping."""
+        try:
+            outcome = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+        except queue_module.Empty:
+            return False
+        if outcome is None:
+            self._queue.put(None)  # stop once the pending ones are written
+            return False
+        self._pending.append(outcome)
+        return True
+
     def _drain_queue(self) -> None:
-        while len(self._pending) < MAX_BATCH:
-            try:
-                outcome = self._queue.get_nowait()
-            except queue_module.Empty:
-                return
-            if outcome is None:
-                self._queue.put(None)  # stop once the pending ones are written
-                return
-            self._pending.append(outcome)
+        while len(self._pending) < MAX_BATCH and self._take():
+            pass
 
     def _gather(self) -> None:
         """Wait up to the gather window for more outcomes to write with the first."""
@@ -146,14 +152,8 @@ class Completer(Duty):
             return
         deadline = time.monotonic() + window
         while len(self._pending) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
-            try:
-                outcome = self._queue.get(timeout=left)
-            except queue_module.Empty:
+            if not self._take(left):
                 return
-            if outcome is None:
-                self._queue.put(None)  # stop once the pending ones are written
-                return
-            self._pending.append(outcome)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after writing what was submitted before (or give up after `timeout`)."""
