@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # The watchdog kills a silent worker a quarter TTL (1 s) before its row could expire.
 LEASE = ("--lease-ttl", "4", "--heartbeat-interval", "1")
+# Where the watchdog must also reclaim before the leases run out: it kills, waits for the
+# process to be gone, connects and reclaims within the quarter TTL of margin. 1 s was too
+# little on a loaded machine (the rescuer reclaimed the expired leases first); 3 s is not.
+ROOMY_LEASE = ("--lease-ttl", "12", "--heartbeat-interval", "1")
 KILLED = "killed by its watchdog"
 
 
@@ -43,11 +47,13 @@ def test_frozen_worker_is_killed_before_another_worker_can_run_its_jobs(start_wo
     """A worker at --concurrency 2 runs a long job and a GIL-holding one. It is killed before
     its leases expire; the long job's second run starts only once the first process is dead."""
     probe = jobqueue.enqueue("test.overlap_probe", {"first_sleep": 600}, max_attempts=3)
-    frozen = start_worker(*LEASE, "--concurrency", "2", "--queue", "default", "--queue", "gil")
+    frozen = start_worker(
+        *ROOMY_LEASE, "--concurrency", "2", "--queue", "default", "--queue", "gil"
+    )
     poll(lambda: RunRecord.objects.filter(job_id=probe.pk, attempt=1).exists())
     frozen_id = Job.objects.get(pk=probe.pk).lease_owner
     # Ready to rerun the long job (not the poison one) as soon as it may.
-    rescuer = start_worker(*LEASE, "--queue", "default")
+    rescuer = start_worker(*ROOMY_LEASE, "--queue", "default")
     rescuer.wait_registered()
     poison = jobqueue.enqueue("test.hold_gil", queue="gil", max_attempts=1)
 
