@@ -22,10 +22,15 @@ def test_cancel_running_job_is_cooperative_and_discards_its_result(start_worker)
     wait_for_job(job.pk, Job.State.RUNNING)
 
     assert jobqueue.cancel(job) is True
-    # Not final yet: the handler is still running, and only it knows how to stop.
-    row = Job.objects.get(pk=job.pk)
-    assert row.cancel_requested and row.state in Job.LEASED_STATES
-    assert states(down) == ("waiting",)
+    # Not final at once: the handler is still running, and only it knows how to stop; its
+    # downstream waits meanwhile. Read in one snapshot: on a loaded machine the handler may
+    # have stopped already, and then the job and its downstream ended together.
+    snapshot = dict(Job.objects.filter(pk__in=[job.pk, down.pk]).values_list("pk", "state"))
+    if snapshot[job.pk] in Job.LEASED_STATES:
+        assert snapshot[down.pk] == "waiting"
+    else:
+        assert (snapshot[job.pk], snapshot[down.pk]) == ("cancelled", "cancelled")
+    assert Job.objects.get(pk=job.pk).cancel_requested
 
     row = wait_for_job(job.pk, *FINAL)
     assert row.state == "cancelled"
