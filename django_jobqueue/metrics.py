@@ -206,22 +206,21 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     totals: dict[str, list[int | None]] = {
         name: [None] * slots for name in ("started", "finished", "failed")
     }
-    summed = counts.values_list("slot").annotate(
-        s=Sum("started"), f=Sum("finished"), x=Sum("failed")
-    )
-    for n, *values in summed:
-        if 0 <= n < slots:
-            for name, value in zip(totals, values, strict=True):
-                totals[name][n] = value or 0
-    out.update(totals)
     merged = [[0] * (len(LATENCY_BUCKETS) + 1) for _ in range(slots)]
     bucket_sums = {
         f"b{i}": Sum(Cast(KeyTextTransform(str(i), "latency"), IntegerField()))
         for i in range(len(LATENCY_BUCKETS) + 1)
     }
-    for n, *latency in counts.values_list("slot").annotate(**bucket_sums):
+    # One GROUP BY for the counts and the latency buckets.
+    summed = counts.values_list("slot").annotate(
+        s=Sum("started"), f=Sum("finished"), x=Sum("failed"), **bucket_sums
+    )
+    for n, *values in summed:
         if 0 <= n < slots:
-            merged[n] = [v or 0 for v in latency]
+            for name, value in zip(totals, values[:3], strict=True):
+                totals[name][n] = value or 0
+            merged[n] = [v or 0 for v in values[3:]]
+    out.update(totals)
     out["p50"] = [quantile(buckets, 0.5) for buckets in merged]
     out["p95"] = [quantile(buckets, 0.95) for buckets in merged]
     samples = MinuteSample.objects.using(using).filter(**in_range)
