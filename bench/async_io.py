@@ -70,6 +70,18 @@ def summary(name, first, last, seconds, concurrency):
     }
 
 
+def pgqueuer(
+    python: str, jobs: int, seconds: float, concurrency: int, procs: int = 1
+) -> dict[str, object]:
+    """PGQueuer's figures for the same workload (bench/peer_pgqueuer_sleep.py under `python`)."""
+    out = subprocess.run(
+        [python, str(Path(__file__).with_name("peer_pgqueuer_sleep.py")),
+         str(jobs), str(seconds), str(concurrency), str(procs)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3072)
@@ -84,12 +96,7 @@ def main() -> None:
     figures = ours(args.jobs, args.seconds, args.concurrency)
     harness.report("async_io", figures)
     if harness.DB == "pg" and args.pgqueuer:
-        out = subprocess.run(
-            [args.pgqueuer, str(Path(__file__).with_name("peer_pgqueuer_sleep.py")),
-             str(args.jobs), str(args.seconds), str(args.concurrency)],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        peer = json.loads(out.stdout.strip().splitlines()[-1])
+        peer = pgqueuer(args.pgqueuer, args.jobs, args.seconds, args.concurrency)
         harness.report("async_io", peer)
         ratio = {
             "rate_vs_pgqueuer": figures["steady_jobs_per_s"] / peer["steady_jobs_per_s"],

@@ -1,10 +1,12 @@
-"""PGQueuer running bench/async_io.py's workload: N jobs that each `await asyncio.sleep(S)`.
+"""PGQueuer running bench/async_io.py's and bench/scale.py's workload: N jobs that each
+`await asyncio.sleep(S)`.
 
-Run by bench/async_io.py under a Python that has pgqueuer 1.6 (the peer harness's venv):
-`peer_pgqueuer_sleep.py JOBS SECONDS CONCURRENCY` prints one JSON line. The worker is
-`pgq run` with `--max-concurrent-tasks CONCURRENCY` and `--batch-size` (PGQUEUER_BATCH_SIZE,
-default 100, or half the concurrency if less), on a database of its own
-(jobqueue_bench_pgqueuer, created here).
+Run by those benches under a Python that has pgqueuer 1.6 (the peer harness's venv):
+`peer_pgqueuer_sleep.py JOBS SECONDS CONCURRENCY [PROCESSES]` prints one JSON line. Each of
+the PROCESSES workers (default 1) is `pgq run` with `--max-concurrent-tasks CONCURRENCY` and
+`--batch-size` (PGQUEUER_BATCH_SIZE, default 100, or half the concurrency if less), on a
+database of its own (jobqueue_bench_pgqueuer, created here). The CPU figures are the workers'
+and, as bench/scale.py counts it, every `postgres` process's.
 Standalone: it imports nothing of the project, since it runs in the peers' venv.
 """
 
@@ -51,7 +53,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def main(jobs: int, seconds: float, concurrency: int) -> None:
+def server_cpu() -> float:
+    """CPU seconds used so far by every process named `postgres`."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if text[text.index("(") + 1 : text.rindex(")")] == "postgres":
+            fields = text.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def main(jobs: int, seconds: float, concurrency: int, processes: int = 1) -> None:
     import asyncpg
     import psycopg
     from pgqueuer.db import AsyncpgDriver
@@ -75,12 +91,18 @@ def main(jobs: int, seconds: float, concurrency: int) -> None:
     # PGQueuer wants at least twice the batch in concurrent tasks.
     batch = os.environ.get("PGQUEUER_BATCH_SIZE", str(min(100, concurrency // 2)))
     here = Path(__file__).resolve().parent
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "pgqueuer", "run", f"{Path(__file__).stem}:create_pgqueuer",
-         "--max-concurrent-tasks", str(concurrency), "--batch-size", batch],
-        cwd=here, env={**os.environ, "PYTHONPATH": str(here)}, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pgqueuer", "run", f"{Path(__file__).stem}:create_pgqueuer",
+             "--max-concurrent-tasks", str(concurrency), "--batch-size", batch],
+            cwd=here, env={**os.environ, "PYTHONPATH": str(here)}, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]  # fmt: skip
+
+    def cpu() -> float:
+        return sum(cpu_seconds(worker.pid) for worker in workers)
 
     def done() -> int:
         return mon.execute(
@@ -93,27 +115,31 @@ def main(jobs: int, seconds: float, concurrency: int) -> None:
         while (count := done()) < jobs:
             now = time.perf_counter()
             if count and first is None:
-                first = (now, count, cpu_seconds(worker.pid))
-            if worker.poll() is not None or now - started > 600:
+                first = (now, count, cpu(), server_cpu())
+            if any(w.poll() is not None for w in workers) or now - started > 600:
                 raise RuntimeError(f"PGQueuer stopped or stalled at {count}/{jobs}")
             time.sleep(0.02)
-        last = (time.perf_counter(), jobs, cpu_seconds(worker.pid))
+        last = (time.perf_counter(), jobs, cpu(), server_cpu())
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGTERM)
+        for worker in workers:
             worker.wait(30)
     assert first is not None
-    span, count, cpu = last[0] - first[0], last[1] - first[1], last[2] - first[2]
+    span, count = last[0] - first[0], last[1] - first[1]
     rate = count / span
     print(json.dumps({
         "queue": f"pgqueuer (batch {batch})",
+        "procs": processes,
         "concurrency": concurrency,
         "job_seconds": seconds,
         "steady_jobs_per_s": round(rate, 1),
-        "of_ideal": round(rate / (concurrency / seconds), 3),
-        "cpu_ms_per_job": round(1000 * cpu / count, 3),
+        "of_ideal": round(rate / (processes * concurrency / seconds), 3),
+        "cpu_ms_per_job": round(1000 * (last[2] - first[2]) / count, 3),
+        "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
     }))  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))
+    main(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int((sys.argv[4:] or [1])[0]))

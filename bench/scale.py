@@ -6,7 +6,10 @@
 For each number of processes, reports the steady rate (first job done to last) as a fraction
 of the ideal (processes x concurrency / seconds), the workers' CPU per job and, on
 PostgreSQL, the server's CPU per job (every `postgres` process on this machine, from /proc:
-run it on a machine with nothing else on the server).
+run it on a machine with nothing else on the server). With `--pgqueuer PYTHON` (default: the
+peer harness's venv, /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer drains the
+same jobs (async sleeps, its native mode) with as many `pgq run` processes at
+`--max-concurrent-tasks` of the same concurrency, in the same run, for ratios.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 
 from . import harness
-from .async_io import cpu_seconds
+from .async_io import PEERS_PYTHON, cpu_seconds, pgqueuer
 
 
 def server_cpu() -> float:
@@ -77,10 +80,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.02)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--pgqueuer", default=str(PEERS_PYTHON) if PEERS_PYTHON.exists() else "",
+        help="a Python with pgqueuer 1.6 installed ('' skips PGQueuer)",
+    )  # fmt: skip
     args = parser.parse_args()
     harness.setup()
     for procs in args.procs:
-        harness.report("scale", run(args.jobs, args.seconds, procs, args.concurrency))
+        ours = run(args.jobs, args.seconds, procs, args.concurrency)
+        harness.report("scale", ours)
+        if harness.DB == "pg" and args.pgqueuer:
+            peer = pgqueuer(args.pgqueuer, args.jobs, args.seconds, args.concurrency, procs)
+            harness.report("scale", peer)
+            ratio = {
+                "procs": procs,
+                "rate_vs_pgqueuer": round(ours["steady_jobs_per_s"] / peer["steady_jobs_per_s"], 2),
+                "server_cpu_vs_pgqueuer": round(
+                    ours["server_cpu_ms_per_job"] / peer["server_cpu_ms_per_job"], 2
+                ),
+            }
+            harness.report("scale_ratio", ratio)
 
 
 if __name__ == "__main__":
