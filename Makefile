@@ -52,12 +52,12 @@ docs: venv
 # the tests that restart the database server alone: a restart would cut the others short.
 # A failure of either fails the lane (pytest's status 5, "no test selected", is none). Most
 # tests wait on worker processes, so four processes keep 2 cores busy. MARK selects tests by
-# marker expression.
+# marker expression. Each lane lists its 20 slowest tests (where the CI time goes).
 XDIST ?= 4
 MARK ?=
 MARKED = $(if $(MARK),($(MARK)) and ,)
 LANE = { $(PYTEST) --create-db -n $(XDIST) --dist loadfile -m "$(MARKED)not server_restart" \
-	$(PYTEST_ARGS); main=$$?; $(PYTEST) --create-db -m "$(MARKED)server_restart" $(PYTEST_ARGS); \
+	--durations=20 $(PYTEST_ARGS); main=$$?; $(PYTEST) --create-db -m "$(MARKED)server_restart" $(PYTEST_ARGS); \
 	alone=$$?; [ $$main = 0 ] && { [ $$alone = 0 ] || [ $$alone = 5 ]; }; }
 
 test-sqlite: venv
