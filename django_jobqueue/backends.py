@@ -80,9 +80,11 @@ if HAS_TASKS:
             """See `JobContext.wait_for_event`."""
             return self.job.wait_for_event(key, timeout)
 
-        def spawn(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> Job:
+        def spawn(
+            self, key: str | None = None, args: dict[str, Any] | None = None, **options: Any
+        ) -> Job:
             """See `JobContext.spawn`."""
-            return self.job.spawn(type, args, **options)
+            return self.job.spawn(key, args, **options)
 
         def wait_for(self, jobs: Any) -> dict[int, Any]:
             """See `JobContext.wait_for`."""

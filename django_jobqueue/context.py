@@ -120,13 +120,16 @@ class JobContext:
         """
         return durable.wait_for_event(self, key, timeout)
 
-    def spawn(self, type: str, args: dict[str, Any] | None = None, **options: Any) -> Job:
+    def spawn(
+        self, key: str | None = None, args: dict[str, Any] | None = None, **options: Any
+    ) -> Job:
         """Enqueue a child job of this one and return it; a later run returns the same child.
 
-        Takes enqueue()'s options but `parent`. Whatever waits for this job waits for its
-        children too (recursively): it is done once its handler returned and they are done.
+        `key` is the child's handler key (`type=` is taken too, as enqueue() names it). Takes
+        enqueue()'s options but `parent`. Whatever waits for this job waits for its children
+        too (recursively): it is done once its handler returned and they are done.
         """
-        return durable.spawn(self, type, args, options)
+        return durable.spawn(self, key, args, options)
 
     def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:
         """Return {job id: result} once every one of `jobs` is final, suspending until then.

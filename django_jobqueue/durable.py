@@ -228,9 +228,17 @@ def wait_for(ctx: JobContext, jobs: Iterable[Any]) -> dict[int, Any]:
     return dict(results.values_list("pk", "result"))
 
 
-def spawn(ctx: JobContext, type: str, args: Any, options: dict[str, Any]) -> Job:
+def spawn(ctx: JobContext, key: str | None, args: Any, options: dict[str, Any]) -> Job:
     """ctx.spawn(): the child this call enqueued, in this run or an earlier one."""
     from .enqueuing import spawn_child
+
+    if "type" in options:  # enqueue()'s name for the key
+        if key is not None:
+            raise InvalidJobError("spawn() takes the handler key once: as `key` or as `type`")
+        key = options.pop("type")
+    if key is None:
+        raise InvalidJobError("spawn() needs the child's handler key")
+    type = key
 
     seq, found = ctx._calls.next(SPAWN)
     if found is not MISSING:

@@ -182,6 +182,22 @@ def test_a_parent_waits_for_the_children_it_spawned(marker):
     assert refreshed(after).state == Job.State.DONE
 
 
+def test_spawn_takes_the_handler_key_as_key_or_as_type():
+    parent = jobqueue.enqueue("durable.spawn_by_keyword")
+    refused = jobqueue.enqueue("durable.spawn_by_keyword", {"both": True}, max_attempts=1)
+    run_jobs()
+    assert refreshed(parent).state == Job.State.DONE
+    assert refreshed(parent).result == [1, 4]
+    assert list(Job.objects.filter(parent_id=parent.pk).values_list("type", flat=True)) == [
+        "durable.child",
+        "durable.child",
+    ]
+    refused = refreshed(refused)
+    assert refused.state == Job.State.DEAD
+    assert refused.last_error["type"].endswith("InvalidJobError")
+    assert "once" in refused.last_error["message"]
+
+
 def test_a_parent_that_does_not_wait_is_done_once_its_children_are():
     parent = jobqueue.enqueue("durable.spawner", {"count": 2, "wait": False})
     after = jobqueue.enqueue("test.noop", depends_on=[parent])

@@ -144,6 +144,19 @@ def spawn_and_wait(
     return {str(pk): result for pk, result in sorted(ctx.wait_for(spawned).items())}
 
 
+@jobqueue.handler("durable.spawn_by_keyword", takes_context=True)
+def spawn_by_keyword(ctx: jobqueue.JobContext, both: bool = False) -> Any:
+    """Spawn a child by `key=` and one by `type=` (enqueue()'s name), then wait for them;
+    with `both`, name the key twice (refused)."""
+    if both:
+        ctx.spawn(key="durable.child", type="durable.child", args={"i": 9})
+    children = [
+        ctx.spawn(key="durable.child", args={"i": 1}),
+        ctx.spawn(type="durable.child", args={"i": 2}),
+    ]
+    return sorted(ctx.wait_for(children).values())
+
+
 @jobqueue.handler("durable.child", takes_context=True)
 def child(ctx: jobqueue.JobContext, i: int, marker: str = "", fail: bool = False) -> int:
     if marker:
