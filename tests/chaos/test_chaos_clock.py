@@ -45,13 +45,16 @@ def holding(worker, count: int) -> None:
 
 
 def test_worker_with_clock_minutes_ahead_reclaims_no_live_lease(start_worker, chaos_report):
-    normal = start_worker("--concurrency", "2", *SHORT_LEASE)
+    # Each worker has a queue of its own: on a loaded machine the skewed worker can take
+    # longer to start than the normal one's jobs last, and the normal one must not take its
+    # jobs meanwhile. A reclaimer looks at every queue's leases all the same.
+    normal = start_worker("--concurrency", "2", "--queue", "default", *SHORT_LEASE)
     normal_jobs = long_jobs(2, 8)
     holding(normal, 2)
     ahead = start_worker(
-        "--concurrency", "2", "--queue", "default", *SHORT_LEASE, env=skewed_env(AHEAD)
+        "--concurrency", "2", "--queue", "ahead", *SHORT_LEASE, env=skewed_env(AHEAD)
     )
-    ahead_jobs = long_jobs(2, 6)
+    ahead_jobs = long_jobs(2, 6, queue="ahead")
     holding(ahead, 2)
 
     # Four lease TTLs pass while both run; each side's reclaimer looks every 0.2s.
