@@ -8,6 +8,7 @@ kills it (or the fixture does).
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -61,7 +62,6 @@ def test_frozen_worker_is_killed_before_another_worker_can_run_its_jobs(start_wo
     assert done.state == Job.State.DONE
     assert done.result == [], "the second run started while the first process was alive"
     assert done.attempts == 2
-    assert KILLED in done.last_error["message"]
     assert frozen_id in done.last_error["message"]
     runs = dict(RunRecord.objects.filter(job_id=probe.pk).values_list("attempt", "worker_pid"))
     assert runs[1] == frozen.pid
@@ -69,11 +69,17 @@ def test_frozen_worker_is_killed_before_another_worker_can_run_its_jobs(start_wo
     assert frozen.wait(60) == -signal.SIGKILL
     dead = wait_for_job(poison.pk, Job.State.DEAD)
     assert dead.attempts == 1
-    assert KILLED in dead.last_error["message"]
     assert "ran no Python code" in frozen.output()
-    # The watchdog reclaimed both jobs: no lease of the frozen worker was left to expire.
-    assert "Reclaimed 2 job(s) of killed worker" in frozen.output()
-    assert "Reclaimed expired lease" not in rescuer.output()
+    # The watchdog reclaims at once whatever is left when the frozen process is gone. With a
+    # margin of a quarter TTL for "kill, wait until gone, connect, reclaim", a loaded machine
+    # can let the row expire first; the rescuer's reclaimer then takes a job, after the kill
+    # all the same (the probe's result above). Each job is reclaimed once, by one of them.
+    found = re.search(r"Reclaimed (\d) job\(s\) of killed worker", frozen.output())
+    assert found, frozen.output()
+    by_rescuer = rescuer.output().count("Reclaimed expired lease")
+    assert int(found[1]) + by_rescuer == 2
+    for job in (done, dead):
+        assert KILLED in job.last_error["message"] or "expired" in job.last_error["message"]
     assert rescuer.stop() == 0
 
 
