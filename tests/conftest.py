@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,6 +195,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _fork_server.stop()
 
 
+# Seconds stop() waits for a worker to register before it sends SIGTERM.
+START_WAIT = 60.0
+
+
 class WorkerProcess:
     """A `manage.py jobqueue_worker` process on the test database.
 
@@ -258,7 +262,23 @@ class WorkerProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 120.0) -> int:
-        """Send SIGTERM and return the exit status."""
+        """Send SIGTERM once the worker has registered, and return the exit status.
+
+        A worker still starting (a fresh interpreter for `env=`, on a loaded machine several
+        seconds) has no SIGTERM handler yet: the signal would kill it outright (status -15).
+        Its handlers are installed before it registers, so the signal waits for its row, at
+        most START_WAIT seconds (then it is sent all the same).
+        """
+
+        def started() -> bool:
+            try:
+                return not self.running() or self.row() is not None
+            except DatabaseError:  # the database is down: signal it now, as ever
+                return True
+
+        if self.running():
+            with contextlib.suppress(AssertionError):
+                poll(started, timeout=START_WAIT)
         if self.running():
             self.signal(signal.SIGTERM)
         return self.wait(timeout)

@@ -41,6 +41,13 @@ def test_a_worker_killed_in_the_third_step_runs_only_that_step_again(start_worke
     assert lines(marker) == ["one", "two", "three", "three"]
 
 
+def two_others() -> list[Job]:
+    """Two 1 s jobs of group g, in one commit: a worker with room claims them together."""
+    return jobqueue.enqueue_many(
+        [{"type": "test.record", "args": {"sleep": 1.0}, "group": "g"}] * 2
+    )
+
+
 def others_ran_together_meanwhile(suspended: Job, others: list[Job]) -> None:
     """Both jobs of `others` (group g, limit 2) ran at once, while `suspended` held nothing."""
     ids = [o.pk for o in others]
@@ -53,21 +60,22 @@ def others_ran_together_meanwhile(suspended: Job, others: list[Job]) -> None:
 
 
 def test_a_sleeping_job_gives_back_its_place_under_the_group_limit(start_worker):
-    sleeper = jobqueue.enqueue("durable.sleeper", {"seconds": 6}, group="g", max_attempts=1)
+    # Long enough that the others run while it sleeps, on a loaded machine too.
+    sleeper = jobqueue.enqueue("durable.sleeper", {"seconds": 12}, group="g", max_attempts=1)
     start_worker("--concurrency", "4", *FAST, env=LIMITED)
     poll(lambda: Job.objects.get(pk=sleeper.pk).state == Job.State.SCHEDULED)
-    others = [jobqueue.enqueue("test.record", {"sleep": 1.0}, group="g") for _ in range(2)]
+    others = two_others()
     others_ran_together_meanwhile(sleeper, others)
     done = wait_for_job(sleeper.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert (done.state, done.attempts) == (Job.State.DONE, 1)
-    assert done.result >= 6
+    assert done.result >= 12
 
 
 def test_a_job_waiting_for_an_event_gives_back_its_place_and_survives_a_kill(start_worker):
     waiter = jobqueue.enqueue("durable.waiter", {"key": "go"}, group="g", max_attempts=1)
     first = start_worker("--concurrency", "4", *SHORT_LEASE, env=LIMITED)
     poll(lambda: Job.objects.get(pk=waiter.pk).state == Job.State.WAITING)
-    others = [jobqueue.enqueue("test.record", {"sleep": 1.0}, group="g") for _ in range(2)]
+    others = two_others()
     others_ran_together_meanwhile(waiter, others)
     first.kill()  # a worker killed while the job waits: it holds nothing, so nothing changes
     time.sleep(1.0)
@@ -79,19 +87,23 @@ def test_a_job_waiting_for_an_event_gives_back_its_place_and_survives_a_kill(sta
 
 
 def test_a_job_waiting_for_its_children_gives_back_its_place(start_worker):
+    # The children wait for an event sent once the others have run: the parent still waits
+    # for them then, however slowly a loaded machine ran the others.
     parent = jobqueue.enqueue(
         "durable.spawn_and_wait",
-        {"children": [["test.record", {"sleep": 4.0, "value": n}] for n in range(2)]},
+        {"children": [["durable.waiter", {"key": f"release-{n}"}] for n in range(2)]},
         group="g",
         max_attempts=1,
     )
     start_worker("--concurrency", "6", *FAST, env=LIMITED)
     poll(lambda: Job.objects.get(pk=parent.pk).state == Job.State.WAITING)
-    others = [jobqueue.enqueue("test.record", {"sleep": 1.0}, group="g") for _ in range(2)]
+    others = two_others()
     others_ran_together_meanwhile(parent, others)
+    for n in range(2):
+        jobqueue.send_event(f"release-{n}", n)
     done = wait_for_job(parent.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert (done.state, done.attempts) == (Job.State.DONE, 1)
-    assert sorted(done.result.values()) == [0, 1]
+    assert sorted(result["payload"] for result in done.result.values()) == [0, 1]
 
 
 def test_spawned_children_run_once_though_the_parents_worker_was_killed(start_worker, marker):

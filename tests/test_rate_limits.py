@@ -81,9 +81,9 @@ def test_the_tighter_of_rate_and_concurrency_limit_wins(settings):
 def test_rate_limit_holds_across_three_workers_and_is_approached(start_worker):
     """ "10/s" over 3 processes of concurrency 4: never more than 10 handler starts in any
     1 s window, yet the limit is approached: the window refills, so more than one window's
-    starts happen in the first 4 s (a perfect limiter on an idle machine makes about 37; a
-    busy one was seen to allow 14, the workers being starved of CPU, not held back); another
-    group runs unhindered meanwhile."""
+    starts happen in the first 10 s (a perfect limiter on an idle machine makes about 37 in
+    4 s; a busy one was seen to allow 14 in 4 s, the workers being starved of CPU, not held
+    back); another group runs unhindered meanwhile."""
     env = limits_env(rate_limits={"api": "10/s"})
     fleet = [start_worker("--concurrency", "4", *FAST, env=env) for _ in range(3)]
     # The jobs come once every worker is claiming: on a loaded machine a process can take
@@ -114,10 +114,12 @@ def test_rate_limit_holds_across_three_workers_and_is_approached(start_worker):
     )
     assert len(starts) == 60
     busiest = most_in_any_window(starts, 1.0)
-    first_four = bisect.bisect_left(starts, starts[0] + 4.0)
-    print(f"most starts in any 1 s window: {busiest}; starts in the first 4 s: {first_four}")
+    # The window refills: a limiter that did not would start exactly 10, ever. Over 10 s, so
+    # that workers starved of CPU (not held back) still show it.
+    first_ten = bisect.bisect_left(starts, starts[0] + 10.0)
+    print(f"most starts in any 1 s window: {busiest}; starts in the first 10 s: {first_ten}")
     assert busiest <= 10
-    assert first_four > 10
+    assert first_ten > 10
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
 
 

@@ -93,8 +93,11 @@ def test_job_of_a_killed_worker_is_reclaimed_and_done_once(start_worker):
 def test_stalled_worker_that_lost_its_lease_cannot_record_an_outcome(start_worker):
     """A worker frozen mid-job past its lease TTL wakes up after another worker reclaimed and
     finished the job: its late finish is fenced off by the attempt number and changes nothing."""
-    job = jobqueue.enqueue("test.record", {"sleep": 2, "value": "once"}, max_attempts=3)
-    stalled = start_worker(*SHORT_LEASE)
+    # The job lasts long enough to be paused mid-run on a loaded machine too. The test is
+    # about fencing, not the watchdog: without one, nothing can kill the resumed process in
+    # the instant before its ticker runs again.
+    job = jobqueue.enqueue("test.record", {"sleep": 5, "value": "once"}, max_attempts=3)
+    stalled = start_worker(*SHORT_LEASE, "--no-watchdog")
     stalled_id = wait_for_job(job.pk, Job.State.RUNNING).lease_owner
     pause(stalled, job.pk)
     rescuer = start_worker(*SHORT_LEASE)
@@ -117,12 +120,14 @@ def test_stalled_worker_that_lost_its_lease_cannot_record_an_outcome(start_worke
 
 
 def test_row_of_a_killed_worker_is_swept_once_its_heartbeat_is_stale(start_worker):
-    doomed = start_worker("--lease-ttl", "1", "--heartbeat-interval", "0.5")
+    # TTL 2, not 1: at 1 the watchdog's quiet window is 0.5 s, and a loaded machine can stall
+    # a live worker that long.
+    doomed = start_worker(*SHORT_LEASE)
     doomed_id = doomed.wait_registered().id
     doomed.kill()
     assert Worker.objects.filter(pk=doomed_id).exists()  # nobody said goodbye
     # Another worker sweeps rows whose heartbeat is older than 4 of their own lease TTLs.
-    sweeper = start_worker("--lease-ttl", "1", "--heartbeat-interval", "0.5")
+    sweeper = start_worker(*SHORT_LEASE)
     sweeper_id = sweeper.wait_registered().id
     poll(lambda: not Worker.objects.filter(pk=doomed_id).exists(), timeout=60)
     assert Worker.objects.filter(pk=sweeper_id).exists()
@@ -183,7 +188,7 @@ def test_job_that_always_crashes_its_worker_is_dead_after_max_attempts(start_wor
     job = jobqueue.enqueue("test.crash_always", max_attempts=2)
     crashes = 0
     while True:
-        worker = start_worker("--lease-ttl", "1", "--heartbeat-interval", "0.5")
+        worker = start_worker(*SHORT_LEASE)
 
         def settled(worker=worker) -> bool:
             return not worker.running() or Job.objects.get(pk=job.pk).state == Job.State.DEAD

@@ -82,14 +82,23 @@ def assert_ran_once(pk: int, *workers) -> None:
         assert_clean_log(text, allow=SQLITE_WAITS if SQLITE else ())
 
 
+def start_pair(start_worker, *owner_args: str, env: dict[str, str] | None = None) -> tuple:
+    """Start the rescuer (claiming only from a queue of its own: its reclaimer still looks at
+    every lease) and the owner, and wait until both are up, before the test enqueues: on a
+    loaded machine a start takes seconds, which would eat into the job's run."""
+    rescuer = start_worker(*SHORT_LEASE, "--queue", "rescuer-only", env=env)
+    owner = start_worker(*SHORT_LEASE, *owner_args, env=env)
+    rescuer.wait_registered()
+    owner.wait_registered()
+    return rescuer, owner
+
+
 def test_job_whose_row_an_application_holds_locked_for_three_ttls_runs_once(start_worker):
     """The lease row cannot be renewed for 3 TTLs; the worker's own row still says it holds
     the job, so nobody takes it back when the lock goes."""
+    rescuer, owner = start_pair(start_worker)
     job = jobqueue.enqueue("test.record", {"sleep": HOLD + 3, "value": "once"}, max_attempts=3)
-    owner = start_worker(*SHORT_LEASE)
     wait_for_job(job.pk, Job.State.RUNNING)
-    rescuer = start_worker(*SHORT_LEASE)
-    rescuer.wait_registered()
     with holding(lambda: lock_job_row(job.pk), HOLD):
         pass
     assert_ran_once(job.pk, owner, rescuer)
@@ -97,13 +106,11 @@ def test_job_whose_row_an_application_holds_locked_for_three_ttls_runs_once(star
 
 def test_job_that_finishes_while_its_row_is_held_is_recorded_after(start_worker):
     """The handler returns while the row is locked: the outcome waits (no handler rerun)."""
-    # The handler must still run when the lock is taken (after the rescuer has started, which
-    # takes seconds on a loaded machine) and return while it is held.
+    # The handler must still run when the lock is taken and return while it is held: both
+    # workers are up before the job is enqueued (a start takes seconds on a loaded machine).
+    rescuer, owner = start_pair(start_worker)
     job = jobqueue.enqueue("test.record", {"sleep": HOLD - 1, "value": "once"}, max_attempts=3)
-    owner = start_worker(*SHORT_LEASE)
     wait_for_job(job.pk, Job.State.RUNNING)
-    rescuer = start_worker(*SHORT_LEASE)
-    rescuer.wait_registered()
     with holding(lambda: lock_job_row(job.pk), HOLD):
         if not SQLITE:  # on SQLite the handler's own write waits for the lock too
             assert not RunRecord.objects.filter(job_id=job.pk).exists(), "returned too early"
@@ -121,11 +128,9 @@ def test_worker_whose_dispatcher_is_stuck_keeps_its_leases(start_worker, tmp_pat
         "JOBQUEUE_TEST_DYNAMIC_LIMIT": "tests.testapp.workflow_jobs.stuck_limit",
         "JOBQUEUE_TEST_STUCK_FILE": str(marker),
     }
+    rescuer, owner = start_pair(start_worker, "--concurrency", "2", env=env)
     job = jobqueue.enqueue("test.record", {"sleep": HOLD + 3, "value": "once"}, max_attempts=3)
-    owner = start_worker(*SHORT_LEASE, "--concurrency", "2", env=env)
     wait_for_job(job.pk, Job.State.RUNNING)
-    rescuer = start_worker(*SHORT_LEASE, env=env)
-    rescuer.wait_registered()
     marker.touch()
     later = jobqueue.enqueue("test.noop")  # every claim now asks the hook, and waits
     time.sleep(HOLD)

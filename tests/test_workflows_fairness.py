@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, leases
@@ -36,9 +36,15 @@ def test_weights_split_the_starts_across_worker_processes(start_worker):
     each group (1:1), while a claim of 4 still splits 3:1.
     """
     spec = {"type": "wf.step", "args": {"sleep": 0.05}}
-    jobqueue.enqueue_many([{**spec, "group": "heavy", "weight": 3}] * 250)
-    jobqueue.enqueue_many([{**spec, "group": "light", "weight": 1}] * 250)
     workers = [start_worker("--concurrency", "4", *FAST) for _ in range(2)]
+    # The jobs come once both claim (on a loaded machine one can start seconds after the
+    # other, and would find the 120 starts made), and in one commit (the heavy group's jobs
+    # alone would be visible first).
+    for worker in workers:
+        worker.wait_registered()
+    with transaction.atomic():
+        jobqueue.enqueue_many([{**spec, "group": "heavy", "weight": 3}] * 250)
+        jobqueue.enqueue_many([{**spec, "group": "light", "weight": 1}] * 250)
     poll(lambda: RunRecord.objects.count() >= 120, timeout=120, interval=0.1)
     for worker in workers:
         assert worker.stop() == 0, worker.output()
