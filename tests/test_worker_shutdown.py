@@ -49,7 +49,8 @@ def test_sigterm_releases_an_unfinished_job_without_charging_the_attempt(start_w
 def test_released_job_runs_on_the_next_worker_as_attempt_one(start_worker):
     first = start_worker("--shutdown-timeout", "0")
     first.wait_registered()
-    job = running_job(first, "test.record", {"sleep": 1.5, "value": "second"})
+    # 4 s: the stop must come before the handler returns, on a loaded machine too.
+    job = running_job(first, "test.record", {"sleep": 4, "value": "second"})
     assert first.stop() == 0  # released at once, before its handler could record a run
     assert Job.objects.get(pk=job.pk).state == Job.State.READY
     second = start_worker()
