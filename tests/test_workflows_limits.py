@@ -3,7 +3,10 @@ worker processes (the handler intervals of test runs never overlap more than the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from django.db import transaction
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
@@ -18,11 +21,19 @@ def work(group: str, count: int, sleep: float, queue: str | None = None) -> list
     return jobqueue.enqueue_many([{**spec, "queue": queue} if queue else spec] * count)
 
 
-def run_fleet(start_worker, env, *, workers: int, concurrency: int, total: int) -> None:
-    """Start `workers` processes, wait until `total` jobs are done, stop them cleanly."""
+def run_fleet(
+    start_worker, env, jobs: Callable[[], object], *, workers: int, concurrency: int, total: int
+) -> None:
+    """Start `workers` processes, enqueue with `jobs()` in one commit once they all claim,
+    wait until `total` jobs are done, and stop them cleanly. (Enqueued before, the jobs could
+    all be run by the first process up: a start takes seconds on a loaded machine.)"""
     fleet = [
         start_worker("--concurrency", str(concurrency), *FAST, env=env) for _ in range(workers)
     ]
+    for worker in fleet:
+        worker.wait_registered()
+    with transaction.atomic():
+        jobs()
 
     def done() -> bool:
         return Job.objects.filter(state=Job.State.DONE).count() == total
@@ -38,10 +49,13 @@ def run_fleet(start_worker, env, *, workers: int, concurrency: int, total: int) 
 def test_group_limit_holds_across_three_workers_of_concurrency_eight(start_worker):
     """GROUP_LIMITS {"openai": 4}: 24 slots across 3 processes, 60 "openai" jobs of ~0.2s, and
     never more than 4 of them run at once; another group's jobs are not held to that cap."""
-    work("openai", 60, 0.2)
-    work("other", 40, 0.3)
+
+    def jobs() -> None:
+        work("openai", 60, 0.2)
+        work("other", 40, 0.3)
+
     env = limits_env(group_limits={"openai": 4})
-    run_fleet(start_worker, env, workers=3, concurrency=8, total=100)
+    run_fleet(start_worker, env, jobs, workers=3, concurrency=8, total=100)
 
     openai = max_overlap(run_intervals(group_key="openai"))
     print(f"most openai jobs running at once: {openai}")
@@ -53,11 +67,14 @@ def test_group_limit_holds_across_three_workers_of_concurrency_eight(start_worke
 def test_queue_limit_holds_across_workers_and_groups(start_worker):
     """QUEUE_LIMITS {"narrow": 3}: jobs of three groups in queue "narrow" never run more than
     3 at once, across 3 processes of concurrency 4; the default queue is not held to it."""
-    for group in ("g1", "g2", "g3"):
-        work(group, 12, 0.15, queue="narrow")
-    work("g1", 24, 0.15)
+
+    def jobs() -> None:
+        for group in ("g1", "g2", "g3"):
+            work(group, 12, 0.15, queue="narrow")
+        work("g1", 24, 0.15)
+
     env = limits_env(queue_limits={"narrow": 3})
-    run_fleet(start_worker, env, workers=3, concurrency=4, total=60)
+    run_fleet(start_worker, env, jobs, workers=3, concurrency=4, total=60)
 
     narrow = max_overlap(run_intervals(queue="narrow"))
     print(f"most narrow-queue jobs running at once: {narrow}")
@@ -69,10 +86,13 @@ def test_queue_limit_holds_across_workers_and_groups(start_worker):
 def test_dynamic_limit_holds_across_worker_processes(start_worker):
     """DYNAMIC_LIMIT as a dotted path, answering 1 for group "dyn": across 3 processes of
     concurrency 4, its jobs run one at a time."""
-    work("dyn", 12, 0.1)
-    work("free", 12, 0.1)
+
+    def jobs() -> None:
+        work("dyn", 12, 0.1)
+        work("free", 12, 0.1)
+
     env = {"JOBQUEUE_TEST_DYNAMIC_LIMIT": "tests.testapp.workflow_jobs.dynamic_limit"}
-    run_fleet(start_worker, env, workers=3, concurrency=4, total=24)
+    run_fleet(start_worker, env, jobs, workers=3, concurrency=4, total=24)
     assert max_overlap(run_intervals(group_key="dyn")) == 1
     assert max_overlap(run_intervals(group_key="free")) > 1
 
