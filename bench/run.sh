@@ -20,12 +20,19 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.limits_claim
     BENCH_DB=$db "$PY" -m bench.durable
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 20000 300000
+    BENCH_DB=$db "$PY" -m bench.backlog --sizes 150000 --stats fresh stale
     BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15
     BENCH_DB=$db "$PY" -m bench.scale --procs 1 2 4 8
     BENCH_DB=$db "$PY" -m bench.async_io  # beside PGQueuer on pg, with the peers' venv
 done
 peer_dirs=()
 if [ -z "${SKIP_PEERS:-}" ] && [ -f "$PEERS_DIR/run.sh" ]; then
+    # The sustained workload for PGQueuer and Procrastinate (their venv, their services).
+    bash "$PEERS_DIR/setup_services.sh" && bash "$PEERS_DIR/setup_venv.sh"
+    for peer in pgqueuer procrastinate; do
+        PEERS_DIR="$PEERS_DIR" /tmp/peers-venv/bin/python bench/peer_sustained.py "$peer" \
+            --minutes "${BENCH_SUSTAINED_MINUTES:-4}" | tee -a .bench-state/peers-sustained.jsonl
+    done
     # The runs the engine's targets are judged by (see the harness README): 10,000 jobs, one
     # worker process at --concurrency 8 with the default poll interval, all lanes in one run.
     for lanes in "pgqueuer-pg procrastinate-pg jobqueue-pg" \
