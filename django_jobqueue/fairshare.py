@@ -207,7 +207,15 @@ class FairShare:
         return self._paused
 
     def note_claimed(self, count: int) -> None:
-        """Record how many jobs the last claim took (none: the worker is idle)."""
+        """Record how many jobs the last claim took (none: the worker is idle).
+
+        The first claim that finds work after an idle spell forgets the views read while idle
+        (no group, or the groups of before the spell): the next claim reads them anew, and
+        plans the slots if several groups now have work. Kept, they would let the worker take
+        the best jobs of any group for up to FAIR_SHARE_REFRESH, weights unheeded.
+        """
+        if self.idle and count:
+            self._groups_until = self._demand_until = 0.0
         self.idle = count == 0
 
     def ask_dynamic(self, ready: JobQuerySet) -> dict[str, int | None]:
