@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -111,6 +111,29 @@ def prune_batch(
     if last:
         cursor.finished_at, cursor.pk = last
     return batch
+
+
+def seconds_until_old(dialect: Dialect, ages: Mapping[str, dt.timedelta]) -> float | None:
+    """Seconds until the next finished job of a state in `ages` passes its age (database
+    clock); None when no job of those states is younger than its age.
+
+    One seek in the (state, finished_at) index per state: the youngest rows past their age
+    (kept for a workflow, say) are not counted, so a pass that keeps them is not repeated at
+    once.
+    """
+    jobs = Job.objects.using(dialect.using)
+    waits = []
+    for state, age in ages.items():
+        row = (
+            jobs.filter(state=state, finished_at__gte=DbNow() - age)
+            .order_by("finished_at")
+            .annotate(now=DbNow())
+            .values_list("finished_at", "now")
+            .first()
+        )
+        if row is not None and row[0] is not None and row[1] is not None:
+            waits.append((row[0] + age - row[1]).total_seconds())
+    return min(waits) if waits else None
 
 
 def deletable(

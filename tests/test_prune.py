@@ -242,6 +242,31 @@ def test_pruner_duty_deletes_one_bounded_batch_per_tick():
     assert Job.objects.count() == 0
 
 
+def test_a_pruner_that_found_nothing_comes_back_when_the_next_job_is_old_enough():
+    """Not a whole PRUNE_INTERVAL later: the first pass after a quiet start would meet up to a
+    minute of rows at once. Rows kept past their age (here: one a pending job depends on) do
+    not make it come back at once."""
+    from django_jobqueue.dialects.functions import DbNow
+    from django_jobqueue.worker.pruner import PRUNE_INTERVAL, Pruner
+
+    dialect = get_dialect("default")
+    ages = {"done": dt.timedelta(seconds=40)}
+    pruner = Pruner(dialect, ages=ages, lock_timeout=5)
+    assert pruner.tick() == pytest.approx(40, rel=0.21)  # none finished: the age, at most
+    kept = make(Job.State.DONE, days=1)
+    make(Job.State.READY, depends_on=(kept,))
+    young = make(Job.State.DONE)
+    # Finished 10 s ago by the database clock: old enough in 30 s (not at once, for the kept
+    # row, nor a whole interval later).
+    Job.objects.filter(pk=young.pk).update(finished_at=DbNow() - dt.timedelta(seconds=10))
+    wait = pruner.tick()
+    assert 20 < wait <= 30 * 1.2, wait
+    assert alive(kept, young) == [True, True]
+    # Its interval, at most.
+    long_ages = {"done": dt.timedelta(days=7)}
+    assert Pruner(dialect, ages=long_ages, lock_timeout=5).tick() <= PRUNE_INTERVAL * 1.2
+
+
 def test_prune_batches_read_the_state_finished_index():
     """Each batch's candidates come from the (state, finished_at) index, also past a cursor."""
     now = timezone.now()

@@ -2,11 +2,12 @@
 
 Every worker prunes, so a deployment stays bounded with no cron job: one batch (one short
 transaction, see `pruning`) per tick. A pass that found nothing to delete is followed by one
-PRUNE_INTERVAL seconds later; a pass that deleted rows, by one a second later (under a steady
-load, jobs pass their age every second). While a backlog remains, the pace follows the rate
-at which jobs finish: the next batch comes after a pause as long as the last batch took
-(pruning gets at most half of the duty's time), and the batch doubles, up to MAX_BATCH_SIZE
-rows, while full batches take under FAST seconds, and halves when one takes over SLOW. So
+when the next finished job passes its age (at most PRUNE_INTERVAL seconds later); a pass that
+deleted rows, by one a second later (under a steady load, jobs pass their age every second).
+While a backlog remains, the pace follows the rate at which jobs finish: the next batch comes
+after a pause as long as the last batch took (pruning gets at most half of the duty's time),
+and the batch doubles, up to MAX_BATCH_SIZE rows, while full batches take under FAST seconds,
+and halves when one takes over SLOW. So
 RETENTION bounds the table at any rate the workers can drain, and a batch's transaction stays
 short. Workers that prune at once skip each other's locked rows.
 """
@@ -84,4 +85,16 @@ class Pruner(Duty):
         deleted, self._pass_deleted = self._pass_deleted, 0
         if deleted:  # jobs are finishing: more pass their age every second
             return BUSY_INTERVAL
-        return self.interval * random.uniform(0.8, 1.2)
+        return self._until_next_old()
+
+    def _until_next_old(self) -> float:
+        """Seconds until the next pass, when the last one found nothing to delete: when the
+        next finished job passes its age, within [BUSY_INTERVAL, interval] (+0-20% jitter).
+
+        A whole interval later, the first pass after a quiet start could meet most of a
+        minute of rows at once (on SQLite, a write lock held long enough to slow the drain).
+        """
+        until = pruning.seconds_until_old(self.dialect, self.ages)
+        if until is None:  # no finished job is young: none passes its age before the shortest
+            until = min(age.total_seconds() for age in self.ages.values())
+        return min(self.interval, max(BUSY_INTERVAL, until)) * random.uniform(1.0, 1.2)
