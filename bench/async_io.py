@@ -6,7 +6,7 @@ Reports the steady rate (from the first job done to the last) as a fraction of t
 (concurrency / seconds), and the worker's CPU per job over the same span (user + system time
 of the worker process, from /proc). With `--pgqueuer PYTHON` (default: the peer harness's venv,
 /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer runs the same workload in the same
-run (bench/peer_pgqueuer_sleep.py, under that interpreter), for ratios.
+run (bench/peer_sleep.py, under that interpreter), for ratios.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def summary(name, first, last, seconds, concurrency):
     }
 
 
-def pgqueuer(
-    python: str, jobs: int, seconds: float, concurrency: int, procs: int = 1
+def peer(
+    python: str, name: str, jobs: int, seconds: float, concurrency: int, procs: int = 1
 ) -> dict[str, object]:
-    """PGQueuer's figures for the same workload (bench/peer_pgqueuer_sleep.py under `python`)."""
+    """A peer's figures for the same workload (bench/peer_sleep.py NAME under `python`)."""
     out = subprocess.run(
-        [python, str(Path(__file__).with_name("peer_pgqueuer_sleep.py")),
+        [python, str(Path(__file__).with_name("peer_sleep.py")), name,
          str(jobs), str(seconds), str(concurrency), str(procs)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
@@ -96,11 +96,11 @@ def main() -> None:
     figures = ours(args.jobs, args.seconds, args.concurrency)
     harness.report("async_io", figures)
     if harness.DB == "pg" and args.pgqueuer:
-        peer = pgqueuer(args.pgqueuer, args.jobs, args.seconds, args.concurrency)
-        harness.report("async_io", peer)
+        figures_peer = peer(args.pgqueuer, "pgqueuer", args.jobs, args.seconds, args.concurrency)
+        harness.report("async_io", figures_peer)
         ratio = {
-            "rate_vs_pgqueuer": figures["steady_jobs_per_s"] / peer["steady_jobs_per_s"],
-            "cpu_per_job_vs_pgqueuer": figures["cpu_ms_per_job"] / peer["cpu_ms_per_job"],
+            "rate_vs_pgqueuer": figures["steady_jobs_per_s"] / figures_peer["steady_jobs_per_s"],
+            "cpu_per_job_vs_pgqueuer": figures["cpu_ms_per_job"] / figures_peer["cpu_ms_per_job"],
         }
         harness.report("async_io_ratio", {k: round(v, 2) for k, v in ratio.items()})
 

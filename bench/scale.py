@@ -7,9 +7,10 @@ For each number of processes, reports the steady rate (first job done to last) a
 of the ideal (processes x concurrency / seconds), the workers' CPU per job and, on
 PostgreSQL, the server's CPU per job (every `postgres` process on this machine, from /proc:
 run it on a machine with nothing else on the server). With `--pgqueuer PYTHON` (default: the
-peer harness's venv, /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer drains the
-same jobs (async sleeps, its native mode) with as many `pgq run` processes at
-`--max-concurrent-tasks` of the same concurrency, in the same run, for ratios.
+peer harness's venv, /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer and
+Procrastinate drain the same jobs (async sleeps, their native mode) with as many worker
+processes at the same concurrency (`pgq run --max-concurrent-tasks`, `procrastinate worker
+--concurrency`), in the same run, for ratios (bench/peer_sleep.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import harness
-from .async_io import PEERS_PYTHON, cpu_seconds, pgqueuer
+from .async_io import PEERS_PYTHON, cpu_seconds, peer
 
 
 def server_cpu() -> float:
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
         "--pgqueuer", default=str(PEERS_PYTHON) if PEERS_PYTHON.exists() else "",
-        help="a Python with pgqueuer 1.6 installed ('' skips PGQueuer)",
+        help="a Python with the peers installed ('' skips them)",
     )  # fmt: skip
     args = parser.parse_args()
     harness.setup()
@@ -90,16 +91,19 @@ def main() -> None:
         ours = run(args.jobs, args.seconds, procs, args.concurrency)
         harness.report("scale", ours)
         if harness.DB == "pg" and args.pgqueuer:
-            peer = pgqueuer(args.pgqueuer, args.jobs, args.seconds, args.concurrency, procs)
-            harness.report("scale", peer)
-            ratio = {
-                "procs": procs,
-                "rate_vs_pgqueuer": round(ours["steady_jobs_per_s"] / peer["steady_jobs_per_s"], 2),
-                "server_cpu_vs_pgqueuer": round(
-                    ours["server_cpu_ms_per_job"] / peer["server_cpu_ms_per_job"], 2
-                ),
-            }
-            harness.report("scale_ratio", ratio)
+            for name in ("pgqueuer", "procrastinate"):
+                theirs = peer(args.pgqueuer, name, args.jobs, args.seconds, args.concurrency, procs)
+                harness.report("scale", theirs)
+                ratio = {
+                    "procs": procs,
+                    f"rate_vs_{name}": round(
+                        ours["steady_jobs_per_s"] / theirs["steady_jobs_per_s"], 2
+                    ),
+                    f"server_cpu_vs_{name}": round(
+                        ours["server_cpu_ms_per_job"] / theirs["server_cpu_ms_per_job"], 2
+                    ),
+                }
+                harness.report("scale_ratio", ratio)
 
 
 if __name__ == "__main__":
