@@ -71,14 +71,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def server_cpu() -> float:
-    """CPU seconds used so far by every process named `postgres`."""
+    """CPU seconds used so far by every process named `postgres` (or `mariadbd`)."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:
             continue
-        if text[text.index("(") + 1 : text.rindex(")")] == "postgres":
+        if text[text.index("(") + 1 : text.rindex(")")] in ("postgres", "mariadbd"):
             fields = text.rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / TICK
     return total

@@ -16,27 +16,11 @@ processes at the same concurrency (`pgq run --max-concurrent-tasks`, `procrastin
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 from . import harness
 from .async_io import PEERS_PYTHON, cpu_seconds, peer
-
-
-def server_cpu() -> float:
-    """CPU seconds used so far by every process named `postgres` (or `mariadbd`)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        if name in ("postgres", "mariadbd"):
-            fields = text.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+from .peer_sleep import server_cpu
 
 
 def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, object]:
