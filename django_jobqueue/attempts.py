@@ -355,6 +355,7 @@ def _context(
         _renew=flight.renewer(flight.lease) if flight.renewer else None,
         _max_result_bytes=conf.max_result_bytes,
         _ignore_delays=flight.ignore_delays,
+        _recorded=flight.job.records,
     )
     flight.context = context
     return (context,)

@@ -41,11 +41,13 @@ class JobContext:
     # once (testing.run_jobs with ignore_delays).
     _max_result_bytes: int | None = dataclasses.field(default=None, repr=False)
     _ignore_delays: bool = dataclasses.field(default=False, repr=False)
+    # The job's records as read with its claim (None: read at its first durable call).
+    _recorded: dict[tuple[str, int], Any] | None = dataclasses.field(default=None, repr=False)
     _calls: durable.Calls = dataclasses.field(init=False, repr=False)
     _progress: durable.Progress = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._calls = durable.Calls(self._dialect, self.job_id, self.job.has_steps)
+        self._calls = durable.Calls(self._dialect, self.job_id, self.job.has_steps, self._recorded)
         self._progress = durable.Progress()
 
     @property

@@ -21,10 +21,13 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, InterfaceError
 
 from . import events, validation
 from .exceptions import (
@@ -41,8 +44,13 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .dialects import Dialect
     from .leases import Lease
+    from .records import ClaimedJob
+
+logger = logging.getLogger(__name__)
 
 SLEEP, EVENT, SPAWN, WAIT = "@sleep", "@event", "@spawn", "@wait"
+# Records read with a claim, per resumed job on average (see `preload`).
+PRELOAD_ROWS = 20
 # Seconds between two writes of one job's progress: the latest value in between is kept and
 # written by the next call after that, or when the run ends.
 PROGRESS_EVERY = 1.0
@@ -52,12 +60,21 @@ MISSING: Any = object()
 class Calls:
     """The durable calls of one run: what earlier runs recorded, and the count of each name."""
 
-    def __init__(self, dialect: Dialect, job_id: int, has_steps: bool = True) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        job_id: int,
+        has_steps: bool = True,
+        recorded: dict[tuple[str, int], Any] | None = None,
+    ) -> None:
         self.dialect = dialect
         self.job_id = job_id
         self.has_steps = has_steps  # the job's row says so already (no need to mark it)
-        # None: read at the run's first durable call; {} when the claim said there is none.
-        self._recorded: dict[tuple[str, int], Any] | None = None if has_steps else {}
+        # None: read at the run's first durable call; {} when the claim said there is none;
+        # `recorded` when the worker read them with the claim (`preload`).
+        self._recorded: dict[tuple[str, int], Any] | None = (
+            ({} if not has_steps else None) if recorded is None else dict(recorded)
+        )
         self._counts: Counter[str] = Counter()
 
     def next(self, name: str) -> tuple[int, Any]:
@@ -74,6 +91,40 @@ class Calls:
         assert self._recorded is not None
         self._recorded[(name, seq)] = result
         self.has_steps = True
+
+
+def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
+    """Read the records of the claimed `jobs` that have some, in one query: set each one's
+    `records`, which its run then uses instead of a read of its own.
+
+    A resumed job's run (after a sleep, say) otherwise begins with a round trip of its own:
+    with short resumes that read was most of their cost. At most PRELOAD_ROWS rows a job on
+    average are read; a job whose rows may not all have come is left to read its own. A read
+    that fails leaves them all to do so (their leases are held: nothing may be lost here).
+    """
+    ids = sorted(job.id for job in jobs if job.has_steps)
+    if not ids:
+        return
+    cap = PRELOAD_ROWS * len(ids)
+    try:
+        rows = list(
+            JobStep.objects.using(dialect.using)
+            .filter(job_id__in=ids)
+            .order_by("job_id")
+            .values_list("job_id", "name", "seq", "result")[: cap + 1]
+        )
+    except (DatabaseError, InterfaceError) as exc:
+        logger.debug("Could not read the records of %s claimed job(s): %s", len(ids), exc)
+        return
+    # Read in job order: when the cap cut the read short, the last job's rows (and those of
+    # the jobs after it) may be missing.
+    complete_below = rows[-1][0] if len(rows) > cap else None
+    found: dict[int, dict[tuple[str, int], Any]] = {pk: {} for pk in ids}
+    for job_id, name, seq, result in rows:
+        found[job_id][(name, seq)] = result
+    for job in jobs:
+        if job.has_steps and (complete_below is None or job.id < complete_below):
+            job.records = found[job.id]
 
 
 def fence(dialect: Dialect, lease: Lease) -> None:

@@ -38,10 +38,11 @@ class ClaimedJob:
 
     A plain object rather than a Job model instance: a profile of the drain showed building
     model instances as the worker's largest cost after the claim statement itself. `model()`
-    gives the Job instance when a handler's context needs one.
+    gives the Job instance when a handler's context needs one. `records` holds its durable
+    calls' records when the worker read them with the claim (`durable.preload`), else None.
     """
 
-    __slots__ = (*CLAIM_FIELDS, "_model", "using")
+    __slots__ = (*CLAIM_FIELDS, "_model", "using", "records")
 
     id: int
     type: str
@@ -62,6 +63,7 @@ class ClaimedJob:
     def __init__(self, using: str, values: Sequence[Any]) -> None:
         """Take the values of CLAIM_FIELDS, in that order."""
         self.using = using
+        self.records: dict[tuple[str, int], Any] | None = None
         self._model: Job | None = None
         (
             self.id,

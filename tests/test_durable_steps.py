@@ -225,3 +225,44 @@ def test_progress_is_recorded_and_read_back():
         "message": "page 5 of 5",
     }
     assert progress["updated_at"]
+
+
+# -- records read with the claim ---------------------------------------------------------------
+
+
+def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
+    """`durable.preload`: the records a resumed run would read, for every claimed job that has
+    some, in one query; a job whose rows the cap may have cut reads its own at its run."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobqueue import durable, leases
+    from django_jobqueue.dialects import get_dialect
+
+    one, two, plain = (jobqueue.enqueue("test.noop") for _ in range(3))
+    Job.objects.filter(pk__in=[one.pk, two.pk]).update(has_steps=True)
+    JobStep.objects.create(job_id=one.pk, name="fetch", seq=1, result={"page": 1}, attempt=1)
+    JobStep.objects.create(job_id=two.pk, name="fetch", seq=1, result=[1, "a"], attempt=1)
+    JobStep.objects.create(job_id=two.pk, name="@sleep", seq=1, result=None, attempt=1)
+    dialect = get_dialect(connection.alias)
+    claimed = leases.claim(dialect, owner="w", queues=[], limit=3, lease_ttl=30)
+    with CaptureQueriesContext(connection) as queries:
+        durable.preload(dialect, claimed)
+    assert len(queries) == 1
+    records = {job.id: job.records for job in claimed}
+    assert records == {
+        one.pk: {("fetch", 1): {"page": 1}},
+        two.pk: {("fetch", 1): [1, "a"], ("@sleep", 1): None},
+        plain.pk: None,  # no records: its run needs no read
+    }
+    # At most PRELOAD_ROWS a job on average: the read of 2 jobs stops at 3 rows, and the
+    # job of the last row read (maybe cut short) reads its own.
+    monkeypatch.setattr(durable, "PRELOAD_ROWS", 1)
+    for job in claimed:
+        job.records = None
+    durable.preload(dialect, claimed)
+    assert {job.id: job.records for job in claimed} == {
+        one.pk: {("fetch", 1): {"page": 1}},
+        two.pk: None,
+        plain.pk: None,
+    }

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import leases, metrics, wake
+from .. import durable, leases, metrics, wake
 from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
 from ..exceptions import JobTimeout
@@ -164,6 +164,7 @@ class Dispatcher:
             fair_share=self.fair_share,
         )
         self.fair_share.note_claimed(len(jobs))
+        durable.preload(self.dialect, jobs)  # resumed jobs' records: one read for all
         if self.tally is not None:
             self.tally.claimed(jobs)
         now = time.monotonic()
