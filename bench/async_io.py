@@ -5,8 +5,8 @@
 Reports the steady rate (from the first job done to the last) as a fraction of the ideal
 (concurrency / seconds), and the worker's CPU per job over the same span (user + system time
 of the worker process, from /proc). With `--pgqueuer PYTHON` (default: the peer harness's venv,
-/tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer runs the same workload in the same
-run (bench/peer_sleep.py, under that interpreter), for ratios.
+/tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer and Procrastinate run the same
+workload in the same run (bench/peer_sleep.py, under that interpreter), for ratios.
 """
 
 from __future__ import annotations
@@ -89,20 +89,21 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=512)
     parser.add_argument(
         "--pgqueuer", default=str(PEERS_PYTHON) if PEERS_PYTHON.exists() else "",
-        help="a Python with pgqueuer 1.6 installed ('' skips PGQueuer)",
+        help="a Python with the peers installed ('' skips them)",
     )  # fmt: skip
     args = parser.parse_args()
     harness.setup()
     figures = ours(args.jobs, args.seconds, args.concurrency)
     harness.report("async_io", figures)
     if harness.DB == "pg" and args.pgqueuer:
-        figures_peer = peer(args.pgqueuer, "pgqueuer", args.jobs, args.seconds, args.concurrency)
-        harness.report("async_io", figures_peer)
-        ratio = {
-            "rate_vs_pgqueuer": figures["steady_jobs_per_s"] / figures_peer["steady_jobs_per_s"],
-            "cpu_per_job_vs_pgqueuer": figures["cpu_ms_per_job"] / figures_peer["cpu_ms_per_job"],
-        }
-        harness.report("async_io_ratio", {k: round(v, 2) for k, v in ratio.items()})
+        for name in ("pgqueuer", "procrastinate"):
+            theirs = peer(args.pgqueuer, name, args.jobs, args.seconds, args.concurrency)
+            harness.report("async_io", theirs)
+            ratio = {
+                f"rate_vs_{name}": figures["steady_jobs_per_s"] / theirs["steady_jobs_per_s"],
+                f"cpu_per_job_vs_{name}": figures["cpu_ms_per_job"] / theirs["cpu_ms_per_job"],
+            }
+            harness.report("async_io_ratio", {k: round(v, 2) for k, v in ratio.items()})
 
 
 if __name__ == "__main__":
