@@ -84,6 +84,28 @@ def server_cpu() -> float:
     return total
 
 
+def figures(
+    first: tuple[float, int, float, float],
+    last: tuple[float, int, float, float],
+    processes: int,
+    concurrency: int,
+    seconds: float,
+    cpu_key: str = "cpu_ms_per_job",
+) -> dict[str, float | int]:
+    """The steady figures between two samples of (time, jobs done, workers' CPU, server CPU)."""
+    count = last[1] - first[1]
+    rate = count / (last[0] - first[0])
+    return {
+        "procs": processes,
+        "concurrency": concurrency,
+        "job_seconds": seconds,
+        "steady_jobs_per_s": round(rate, 1),
+        "of_ideal": round(rate / (processes * concurrency / seconds), 3),
+        cpu_key: round(1000 * (last[2] - first[2]) / count, 3),
+        "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
+    }
+
+
 def start(command: list[str], processes: int) -> list[subprocess.Popen[bytes]]:
     """`processes` worker processes running `command` from this folder, in sessions of their
     own (stopped by group)."""
@@ -185,18 +207,7 @@ def main(peer: str, jobs: int, seconds: float, concurrency: int, processes: int 
         for worker in workers:
             worker.wait(30)
     assert first is not None
-    span, count = last[0] - first[0], last[1] - first[1]
-    rate = count / span
-    print(json.dumps({
-        "queue": label,
-        "procs": processes,
-        "concurrency": concurrency,
-        "job_seconds": seconds,
-        "steady_jobs_per_s": round(rate, 1),
-        "of_ideal": round(rate / (processes * concurrency / seconds), 3),
-        "cpu_ms_per_job": round(1000 * (last[2] - first[2]) / count, 3),
-        "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
-    }))  # fmt: skip
+    print(json.dumps({"queue": label, **figures(first, last, processes, concurrency, seconds)}))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 
 from . import harness
 from .async_io import PEERS_PYTHON, cpu_seconds, peer
-from .peer_sleep import server_cpu
+from .peer_sleep import figures, server_cpu
 
 
 def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, object]:
@@ -46,17 +46,7 @@ def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, ob
     finally:
         harness.stop_workers(workers)
     assert first is not None
-    count = last[1] - first[1]
-    rate = count / (last[0] - first[0])
-    return {
-        "procs": procs,
-        "concurrency": concurrency,
-        "job_seconds": seconds,
-        "steady_jobs_per_s": round(rate, 1),
-        "of_ideal": round(rate / (procs * concurrency / seconds), 3),
-        "worker_cpu_ms_per_job": round(1000 * (last[2] - first[2]) / count, 3),
-        "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
-    }
+    return figures(first, last, procs, concurrency, seconds, cpu_key="worker_cpu_ms_per_job")
 
 
 def main() -> None:

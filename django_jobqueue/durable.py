@@ -72,9 +72,9 @@ class Calls:
         self.has_steps = has_steps  # the job's row says so already (no need to mark it)
         # None: read at the run's first durable call; {} when the claim said there is none;
         # `recorded` when the worker read them with the claim (`preload`).
-        self._recorded: dict[tuple[str, int], Any] | None = (
-            ({} if not has_steps else None) if recorded is None else dict(recorded)
-        )
+        if recorded is None and not has_steps:
+            recorded = {}
+        self._recorded = recorded
         self._counts: Counter[str] = Counter()
 
     def next(self, name: str) -> tuple[int, Any]:
