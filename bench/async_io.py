@@ -31,14 +31,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def ours(jobs: int, seconds: float, concurrency: int) -> dict[str, float | int | str | None]:
+def ours(
+    jobs: int, seconds: float, concurrency: int, handler: str = "bench.async_sleep"
+) -> dict[str, float | int | str | None]:
     from django.db import transaction
 
     import django_jobqueue as jobqueue
 
     harness.reset()
     with transaction.atomic():
-        jobqueue.enqueue_many([("bench.async_sleep", {"seconds": seconds})] * jobs)
+        jobqueue.enqueue_many([(handler, {"seconds": seconds})] * jobs)
     harness.analyze()
     procs = harness.start_workers(1, ["--concurrency", str(concurrency), "--no-watchdog"])
     try:
@@ -54,7 +56,10 @@ def ours(jobs: int, seconds: float, concurrency: int) -> dict[str, float | int |
     finally:
         harness.stop_workers(procs)
     assert first is not None
-    return summary("django_jobqueue", first, last, seconds, concurrency)
+    figures = summary("django_jobqueue", first, last, seconds, concurrency)
+    if handler != "bench.async_sleep":
+        figures["handler"] = handler
+    return figures
 
 
 def summary(name, first, last, seconds, concurrency):
@@ -82,6 +87,20 @@ def peer(
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def orm(jobs: int, seconds: float, concurrency: int) -> None:
+    """The ORM-bound job by an async and by a sync handler, and their ratio, in one run."""
+    from django_jobqueue.models import JobEvent
+
+    rates = {}
+    for handler in ("bench.async_orm_io", "bench.orm_io"):
+        JobEvent.objects.all().delete()
+        figures = ours(jobs, seconds, concurrency, handler)
+        harness.report("async_orm", figures)
+        rates[handler] = figures["steady_jobs_per_s"]
+    ratio = rates["bench.async_orm_io"] / rates["bench.orm_io"]
+    harness.report("async_orm_ratio", {"async_vs_sync": round(ratio, 2)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3072)
@@ -91,8 +110,15 @@ def main() -> None:
         "--pgqueuer", default=str(PEERS_PYTHON) if PEERS_PYTHON.exists() else "",
         help="a Python with the peers installed ('' skips them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--orm", action="store_true",
+        help="jobs that do one ORM read, one write and the wait: async against sync handlers",
+    )  # fmt: skip
     args = parser.parse_args()
     harness.setup()
+    if args.orm:
+        orm(args.jobs, args.seconds, args.concurrency)
+        return
     figures = ours(args.jobs, args.seconds, args.concurrency)
     harness.report("async_io", figures)
     if harness.DB == "pg" and args.pgqueuer:

@@ -35,6 +35,9 @@ class JobQueueSettings:
     reclaim_interval: float = 1.0  # seconds between stale-lease sweeps of one worker
     reclaim_batch: int = 100  # rows one sweep moves at most
     max_abandoned_threads: int = 3  # timed-out threads a worker tolerates before restarting
+    # threads (each with its connections) that run the ORM calls of a worker's async jobs, one
+    # job to a thread at a time; at most --concurrency (worker/sync_calls.py)
+    sync_call_threads: int = 4
     group_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> max running
     queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
     dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
@@ -148,6 +151,7 @@ def _validate(conf: JobQueueSettings) -> None:
         "max_attempts",
         "reclaim_batch",
         "max_abandoned_threads",
+        "sync_call_threads",
         "max_args_bytes",
         "max_result_bytes",
     ):

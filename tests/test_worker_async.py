@@ -77,3 +77,21 @@ def test_a_loop_that_stays_blocked_makes_the_worker_exit_for_a_restart(start_wor
         assert final.state == Job.State.DEAD
         assert "timeout of 0.5s" in final.last_error["message"]
     assert "still stuck in their threads" in worker.output()
+
+
+def test_async_jobs_orm_calls_spread_over_the_sync_call_threads_one_job_to_a_thread(
+    start_worker,
+):
+    """12 async jobs at once, each making a thread-sensitive (ORM) call before and after a
+    wait: a job's calls stay on one thread, the jobs use more than one thread, and no more
+    than SYNC_CALL_THREADS (4 by default) at --concurrency 12."""
+    jobs = [jobqueue.enqueue("test.async_orm_threads", {"seconds": 3}) for _ in range(12)]
+    worker = start_worker("--concurrency", "12")
+    results = [wait_for_job(job.pk, *TERMINAL, timeout=120) for job in jobs]
+    assert all(r.state == Job.State.DONE for r in results), [r.last_error for r in results]
+    for r in results:
+        assert r.result["before"] == r.result["after"]
+        assert r.result["before"]["name"].startswith("jobqueue-async-sync")
+    threads = {r.result["before"]["ident"] for r in results}
+    assert 2 <= len(threads) <= 4
+    assert worker.stop() == 0

@@ -58,3 +58,6 @@ if os.environ.get("BENCH_RETENTION"):
 if os.environ.get("BENCH_LIMITS"):
     JOBQUEUE["LIMITS"] = json.loads(os.environ["BENCH_LIMITS"])
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+# BENCH_SYNC_CALL_THREADS=16: SYNC_CALL_THREADS for the workers (bench/async_io.py --orm).
+if os.environ.get("BENCH_SYNC_CALL_THREADS"):
+    JOBQUEUE["SYNC_CALL_THREADS"] = int(os.environ["BENCH_SYNC_CALL_THREADS"])

@@ -54,6 +54,7 @@ from .pruner import Pruner
 from .reclaimer import Reclaimer
 from .recorder import Recorder
 from .schedule_runner import ScheduleRunner
+from .sync_calls import SyncCallThreads
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +210,7 @@ class JobWorker:
             on_no_connection=self._hand_back,
             start_async=lambda flight: attempts.start_async(dialect, conf, flight),
             is_async=lambda flight: attempts.is_async(flight.job),
+            sync_calls=SyncCallThreads(min(self.concurrency, conf.sync_call_threads)),
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,

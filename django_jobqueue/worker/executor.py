@@ -19,13 +19,16 @@ import queue as queue_module
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..attempts import InFlight, Outcome
 from .eventloop import EventLoop
+
+if TYPE_CHECKING:
+    from .sync_calls import SyncCallThreads
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +60,15 @@ class Executor:
         on_no_connection: Callable[[InFlight, BaseException], None] | None = None,
         start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
         is_async: Callable[[InFlight], bool] | None = None,
+        sync_calls: SyncCallThreads | None = None,
     ) -> None:
         self._run = run
-        # Async attempts: begun by `start_async` in a thread, awaited on the event loop.
+        # Async attempts: begun by `start_async` in a thread, awaited on the event loop, their
+        # thread-sensitive calls (the ORM's) on one of `sync_calls`' threads.
         self._start_async = start_async
         self._is_async = is_async
         self.event_loop = EventLoop()
+        self._sync_calls = sync_calls
         self._on_loop: dict[InFlight, concurrent.futures.Future[Any] | None] = {}
         self._abandoned_tasks: list[float] = []  # when async attempts were timed out
         self._on_outcome = on_outcome
@@ -108,7 +114,7 @@ class Executor:
                 except BaseException:  # a pool thread never dies of one job: nobody would
                     logger.exception("Unexpected error running job id=%s", flight.job.pk)
                 try:
-                    _tidy_connections(self._aliases)
+                    tidy_connections(self._aliases)
                 except Exception:  # nor of tidying up after one (its outcome is pending)
                     logger.exception("Could not tidy the connections of a handler thread")
                 if outcome is not None:
@@ -143,9 +149,12 @@ class Executor:
         if abandoned:  # timed out (its slot given back) before it ran
             coro.close()
             return
+        task = self._sync_calls.run(coro) if self._sync_calls is not None else coro
         try:
-            future = self.event_loop.submit(coro, lambda f: self._ended_on_loop(flight, f))
+            future = self.event_loop.submit(task, lambda f: self._ended_on_loop(flight, f))
         except BaseException as exc:  # the loop is stopped (shutdown) or cannot take it
+            if task is not coro:
+                task.close()
             coro.close()
             self._not_submitted(flight, exc)
             return
@@ -283,9 +292,11 @@ class Executor:
         for _ in self._threads:
             self._queue.put(None)
         self.event_loop.stop()
+        if self._sync_calls is not None:
+            self._sync_calls.shutdown()
 
 
-def _tidy_connections(aliases: list[str]) -> None:
+def tidy_connections(aliases: list[str]) -> None:
     """Drop this thread's connections that a handler left broken (the server went away,
     say), so that the next job on this thread connects afresh instead of failing too."""
     for alias in aliases:

@@ -274,3 +274,20 @@ def deep_result(levels: int) -> list[Any]:
     for _ in range(levels - 1):
         value = [value]
     return value
+
+
+@jobqueue.handler("test.async_orm_threads")
+async def async_orm_threads(seconds: float = 1.0) -> dict[str, Any]:
+    """Say which threads ran this job's thread-sensitive (ORM) calls, before and after a wait."""
+    from asgiref.sync import sync_to_async
+
+    from django_jobqueue.models import Job
+
+    def where() -> dict[str, Any]:
+        Job.objects.exists()  # a query, on that thread's connection
+        return {"ident": threading.get_ident(), "name": threading.current_thread().name}
+
+    before = await sync_to_async(where, thread_sensitive=True)()
+    await asyncio.sleep(seconds)
+    after = await sync_to_async(where, thread_sensitive=True)()
+    return {"before": before, "after": after}

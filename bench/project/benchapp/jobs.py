@@ -36,3 +36,29 @@ def steps(ctx, count=20, seconds=0.1, durable=True):
 def sleep_once(ctx, seconds=0.05):
     """Suspend once for `seconds` (a durable sleep), then finish."""
     ctx.sleep(seconds)
+
+
+def _event_key():
+    import uuid
+
+    return f"bench-{uuid.uuid4().hex}"
+
+
+@jobqueue.handler("bench.orm_io")
+def orm_io(seconds=0.05):
+    """One ORM read, one ORM write and a wait: issue 21's job, sync."""
+    from django_jobqueue.models import JobEvent
+
+    JobEvent.objects.filter(key="bench-none").first()
+    JobEvent.objects.create(key=_event_key())
+    time.sleep(seconds)
+
+
+@jobqueue.handler("bench.async_orm_io")
+async def async_orm_io(seconds=0.05):
+    """The same through the async ORM (aget/acreate) and an asyncio wait."""
+    from django_jobqueue.models import JobEvent
+
+    await JobEvent.objects.filter(key="bench-none").afirst()
+    await JobEvent.objects.acreate(key=_event_key())
+    await asyncio.sleep(seconds)
