@@ -69,6 +69,7 @@ class Retry(Exception):
         delay = None if delay is None else _retry_delay(delay)
         if at is not None:
             _check_retry_at(at)
+            at = at.astimezone(dt.UTC)  # an offset PostgreSQL refuses (+16:00) stored as UTC
         if not isinstance(reason, str):
             raise TypeError(f"Retry reason must be a string, not {type(reason).__name__}.")
         self.delay = delay

@@ -222,7 +222,8 @@ def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
 
 
 def check_datetime(name: str, value: Any) -> dt.datetime:
-    """Return `value` if it is an aware datetime from RUN_AFTER_MIN to before RUN_AFTER_MAX."""
+    """Return `value`, in UTC, if it is an aware datetime from RUN_AFTER_MIN to before
+    RUN_AFTER_MAX."""
     if not isinstance(value, dt.datetime):
         raise InvalidJobError(f"{name} must be a datetime, not {value!r}.")
     if timezone.is_naive(value):
@@ -232,7 +233,9 @@ def check_datetime(name: str, value: Any) -> dt.datetime:
             f"{name} must be from {RUN_AFTER_MIN:%Y-%m-%d} to before "
             f"{RUN_AFTER_MAX:%Y-%m-%d} (UTC), not {value.isoformat()}."
         )
-    return value
+    # The same instant in UTC: PostgreSQL refuses the offsets Python allows past +-15:59 and
+    # those with seconds or microseconds ("time zone displacement out of range").
+    return value.astimezone(dt.UTC)
 
 
 def check_seconds(name: str, value: Any) -> float:

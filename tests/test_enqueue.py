@@ -440,6 +440,22 @@ def test_run_after_in_the_past_or_now_is_ready_at_once() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "offset",
+    [dt.timedelta(hours=-23), dt.timedelta(hours=16), dt.timedelta(microseconds=1)],
+    ids=["minus-23h", "plus-16h", "one-microsecond"],
+)
+def test_run_after_with_any_offset_python_allows_is_stored_as_that_instant(
+    offset: dt.timedelta,
+) -> None:
+    # PostgreSQL refuses offsets past +-15:59 and those with seconds: stored in UTC instead.
+    when = dt.datetime(2030, 1, 1, tzinfo=dt.timezone(offset))
+    job = jobqueue.enqueue("test.noop", run_after=when)
+    assert job.run_after == when
+    assert Job.objects.get(pk=job.pk).run_after == when
+
+
+@pytest.mark.django_db
 def test_enqueue_notifies_on_commit(
     django_capture_on_commit_callbacks: Any, wake_calls: list[tuple[str, str]]
 ) -> None:

@@ -662,6 +662,13 @@ def test_retry_keeps_good_arguments():
     assert (jobqueue.Retry().delay, jobqueue.Retry().at) == (None, None)
 
 
+def test_retry_at_is_kept_in_utc_whatever_its_offset():
+    # PostgreSQL refuses to store an offset of +16:00: the same instant in UTC is stored.
+    at = dt.datetime(2030, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=16)))
+    kept = jobqueue.Retry(at=at).at
+    assert kept == at and kept.utcoffset() == dt.timedelta(0)
+
+
 def test_retry_takes_a_delay_or_a_time_never_both_nor_a_negative_delay():
     """`raise jobqueue.Retry(...)` checks its arguments where the handler raises it."""
     assert jobqueue.Retry(dt.timedelta(minutes=2)).delay == 120.0
