@@ -1,5 +1,8 @@
 # Two commands do all the set-up: `make demo` and `make test` (see README.md).
 SHELL := /bin/bash
+# Let Python cache the bytecode of the package and the tests: the suite starts interpreters by
+# the hundred (a sandbox's environment may say otherwise).
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 PYTHON ?= $(shell .ci/find-python)
 BIN := $(VENV)/bin
@@ -20,7 +23,8 @@ DEMO_VENV ?= .venv-demo
 DEMO_BIN := $(DEMO_VENV)/bin
 
 .PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql coverage chaos docs \
-	demo demo-venv demo-site bench clean
+	demo demo-venv demo-site bench clean lane-sqlite lane-postgres lane-mysql restart-postgres \
+	restart-mysql
 
 $(BIN)/.installed: pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
@@ -56,44 +60,74 @@ docs: venv
 XDIST ?= 4
 MARK ?=
 MARKED = $(if $(MARK),($(MARK)) and ,)
-LANE = { $(PYTEST) --create-db -n $(XDIST) --dist loadfile -m "$(MARKED)not server_restart" \
-	--durations=20 $(PYTEST_ARGS); main=$$?; $(PYTEST) --create-db -m "$(MARKED)server_restart" $(PYTEST_ARGS); \
-	alone=$$?; [ $$main = 0 ] && { [ $$alone = 0 ] || [ $$alone = 5 ]; }; }
+LANE_MAIN = $(PYTEST) --create-db -n $(XDIST) --dist loadfile -m "$(MARKED)not server_restart" \
+	--durations=20 $(PYTEST_ARGS)
+# Status 5 ("no test selected") is a pass: SQLite has no server to restart, MARK may select none.
+LANE_RESTART = { $(PYTEST) --create-db -m "$(MARKED)server_restart" $(PYTEST_ARGS); \
+	status=$$?; [ $$status = 0 ] || [ $$status = 5 ]; }
+LANE = { $(LANE_MAIN); main=$$?; $(LANE_RESTART); alone=$$?; [ $$main = 0 ] && [ $$alone = 0 ]; }
+SQLITE_ENV = export JOBQUEUE_TEST_STATE=$(TEST_STATE)/sqlite DATABASE_URL=
+PG_ENV = export JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres DATABASE_URL="$(PG_URL)"
+MYSQL_ENV = export JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql DATABASE_URL="$(MYSQL_URL)"
+# PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
+# reachable URL NAME COMMAND: COMMAND if the server answers, else a skip (a failure with CI=true).
+reachable = if $(BIN)/python .ci/db_ready.py "$(1)"; then $(3); \
+	elif [ "$$CI" = "true" ]; then echo "$(2) is not reachable at $(1)"; exit 1; \
+	else echo "== $(2) not reachable at $(1): skipped (CI=true makes this fail)"; fi
 
 test-sqlite: venv
 	rm -rf $(TEST_STATE)/sqlite && mkdir -p $(TEST_STATE)/sqlite
-	export JOBQUEUE_TEST_STATE=$(TEST_STATE)/sqlite DATABASE_URL= && $(LANE)
+	$(SQLITE_ENV) && $(LANE)
 
-# PostgreSQL and MariaDB run when reachable; with CI=true an unreachable one is a failure.
 test-postgres: venv
 	@mkdir -p $(TEST_STATE)/postgres
-	@if $(BIN)/python .ci/db_ready.py "$(PG_URL)"; then \
-		export JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres DATABASE_URL="$(PG_URL)" && $(LANE); \
-	elif [ "$$CI" = "true" ]; then echo "PostgreSQL is not reachable at $(PG_URL)"; exit 1; \
-	else echo "== PostgreSQL not reachable at $(PG_URL): skipped (CI=true makes this fail)"; fi
+	@$(call reachable,$(PG_URL),PostgreSQL,$(PG_ENV) && $(LANE))
 
 test-mysql: venv
 	@mkdir -p $(TEST_STATE)/mysql
-	@if $(BIN)/python .ci/db_ready.py "$(MYSQL_URL)"; then \
-		export JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql DATABASE_URL="$(MYSQL_URL)" && $(LANE); \
-	elif [ "$$CI" = "true" ]; then echo "MariaDB/MySQL is not reachable at $(MYSQL_URL)"; exit 1; \
-	else echo "== MariaDB/MySQL not reachable at $(MYSQL_URL): skipped (CI=true makes this fail)"; fi
+	@$(call reachable,$(MYSQL_URL),MariaDB/MySQL,$(MYSQL_ENV) && $(LANE))
 
-# The three databases' lanes have databases, state directories and coverage files of their own,
-# so they can run side by side (LANE_JOBS=3). On a 2-core machine that made the lanes slower in
-# all (27-30 min side by side against about 20 one after another) and starved the multi-process
-# tests into timing failures, so they run one after another by default. Each lane's output is
-# printed in one piece when it ends; a failed lane fails `make test`.
-# The static checks run side by side first, and the lanes only if they pass. The demo's venv is
-# built before: a test of each lane runs the demo in it (tests/test_demo.py).
+# The pieces `make test` schedules: each lane's main part, and the server-restart tests of
+# PostgreSQL and MariaDB (state directories of their own: they run beside other lanes).
+lane-sqlite: venv
+	rm -rf $(TEST_STATE)/sqlite && mkdir -p $(TEST_STATE)/sqlite
+	$(SQLITE_ENV) && $(LANE_MAIN)
+
+lane-postgres: venv
+	@mkdir -p $(TEST_STATE)/postgres
+	@$(call reachable,$(PG_URL),PostgreSQL,$(PG_ENV) && $(LANE_MAIN))
+
+lane-mysql: venv
+	@mkdir -p $(TEST_STATE)/mysql
+	@$(call reachable,$(MYSQL_URL),MariaDB/MySQL,$(MYSQL_ENV) && $(LANE_MAIN))
+
+restart-postgres: venv
+	@mkdir -p $(TEST_STATE)/postgres-restart
+	@$(call reachable,$(PG_URL),PostgreSQL,export JOBQUEUE_TEST_STATE=$(TEST_STATE)/postgres-restart \
+		DATABASE_URL="$(PG_URL)" && $(LANE_RESTART))
+
+restart-mysql: venv
+	@mkdir -p $(TEST_STATE)/mysql-restart
+	@$(call reachable,$(MYSQL_URL),MariaDB/MySQL,export JOBQUEUE_TEST_STATE=$(TEST_STATE)/mysql-restart \
+		DATABASE_URL="$(MYSQL_URL)" && $(LANE_RESTART))
+
+# `make test` on 2 cores, CPU-bound: the lanes' main parts run one after another (side by side
+# they starved each other's worker processes into timing failures, and took longer in all).
+# What needs little CPU runs beside the SQLite lane, which uses neither server: the static
+# checks, and the server-restart tests of PostgreSQL and MariaDB (each restarts only its own
+# server, on which nothing else runs meanwhile). Each piece's output is printed in one piece
+# when it ends; a failed piece fails `make test`, after the rest has run. The demo's venv is
+# built before: a test of the SQLite lane runs the demo in it (tests/test_demo.py).
+# LANE_JOBS=2 runs the PostgreSQL and MariaDB lanes side by side, on a machine with cores to spare.
 STATIC ?= lint typecheck checks docs
-LANES ?= test-sqlite test-postgres test-mysql
+BESIDE ?= $(STATIC) lane-sqlite restart-postgres restart-mysql
+LANES ?= lane-postgres lane-mysql
 LANE_JOBS ?= 1
 test: venv demo-venv
-	$(MAKE) --jobs=4 --output-sync=target $(STATIC)
 	rm -rf $(COV_DATA)
-	$(MAKE) --jobs=$(LANE_JOBS) --keep-going --output-sync=target $(LANES)
-	$(MAKE) coverage
+	$(MAKE) --jobs=8 --keep-going --output-sync=target $(BESIDE); first=$$?; \
+	$(MAKE) --jobs=$(LANE_JOBS) --keep-going --output-sync=target $(LANES); lanes=$$?; \
+	$(MAKE) coverage && [ $$first = 0 ] && [ $$lanes = 0 ]
 
 # Combine the coverage data of the lanes run since the last `make test` and report it. With
 # CI=true (all three databases) the report fails below COV_MIN; the combined figure was 94.1%
@@ -110,7 +144,7 @@ coverage: venv
 # The chaos suite alone on each database (`make test` runs it too); see
 # docs/content/concepts/reliability.md for what it does and the server-restart variables.
 chaos: venv
-	$(MAKE) --jobs=$(LANE_JOBS) --output-sync=target $(LANES) MARK=chaos
+	$(MAKE) --output-sync=target test-sqlite test-postgres test-mysql MARK=chaos
 
 # Benchmarks (never part of `make test`): our figures, then the peers side by side; see bench/.
 bench: venv

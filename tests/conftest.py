@@ -20,10 +20,18 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, connection, connections
 
+from tests.forkserver import SETTINGS_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # The job_queue fixture, enabled as a project would (tests/test_testing_helpers.py uses it).
 pytest_plugins = ["django_jobqueue.testing.pytest_plugin"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests import fast_flush
+
+    fast_flush.install()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -137,13 +145,13 @@ class ForkServer:
         self.path = str(directory / "forkserver.sock")
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, args: list[str], log: Path) -> ForkedProcess:
+    def start(self, args: list[str], log: Path, env: dict[str, str]) -> ForkedProcess:
         if self.proc is None or self.proc.poll() is not None:
             self._launch()
         channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             channel.connect(self.path)
-            request = {"args": args, "log": str(log), "cwd": str(ROOT)}
+            request = {"args": args, "log": str(log), "cwd": str(ROOT), "env": env}
             channel.sendall(json.dumps(request).encode() + b"\n")
             return ForkedProcess(channel, args)
         except BaseException:
@@ -204,17 +212,18 @@ START_WAIT = 60.0
 class WorkerProcess:
     """A `manage.py jobqueue_worker` process on the test database.
 
-    Forked by the session's fork server, unless it needs an environment of its own (`env`)
-    or `--reload`: then a subprocess of its own, `python -m django jobqueue_worker`.
+    Forked by the session's fork server, unless it needs variables other than those that
+    only change JOBQUEUE (`forkserver.SETTINGS_ENV`), or `--reload`: then a subprocess of its
+    own, `python -m django jobqueue_worker`.
     """
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
         self._log = log.open("w")
         self.proc: subprocess.Popen[bytes] | ForkedProcess
-        if env is None and "--reload" not in args:
+        if set(env or ()) <= SETTINGS_ENV and "--reload" not in args:
             try:
-                self.proc = fork_server().start(args, log)
+                self.proc = fork_server().start(args, log, env or {})
             except BaseException:
                 self._log.close()
                 raise

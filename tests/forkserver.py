@@ -7,17 +7,22 @@ a worker subprocess gets, then forks a child for each request. The child is what
 subprocess is: a new session (its own process group), stdout and stderr to its log file,
 `execute_from_command_line(["django", "jobqueue_worker", ...])`, the interpreter's own exit
 (atexit handlers, coverage's included). Only its start differs: what it imports is imported
-already. Workers that need another environment (settings read from variables) or
-`--reload` (which re-executes sys.argv) are started as real subprocesses instead.
+already. A worker may bring variables that only change `JOBQUEUE` (limits, schedules,
+retention: `SETTINGS_ENV`): the child sets them and reads `JOBQUEUE` from the settings
+module again before the command starts, as a fresh interpreter would have. Workers that need
+any other variable (a database URL, a module that registers handlers at import) or `--reload`
+(which re-executes sys.argv) are started as real subprocesses instead.
 
 Protocol, over a Unix socket, one connection per child: the client sends one JSON line
-{"args": [...], "log": path, "cwd": path}; the server answers "pid N" at once, and
-"exit CODE" when the child has exited (CODE as subprocess gives it: -N for signal N).
+{"args": [...], "log": path, "cwd": path, "env": {...}}; the server answers "pid N" at once,
+and "exit CODE" when the child has exited (CODE as subprocess gives it: -N for signal N).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import importlib
 import json
 import os
 import select
@@ -25,6 +30,36 @@ import signal
 import socket
 import sys
 from typing import Any
+
+# The variables tests/settings.py turns into JOBQUEUE alone (read by nothing else at import),
+# and two read by the running worker itself: a forked worker can take these.
+SETTINGS_ENV = frozenset(
+    {
+        *(
+            f"JOBQUEUE_TEST_{name}"
+            for name in (
+                "BACKOFF", "GROUP_LIMITS", "QUEUE_LIMITS", "SCHEDULES", "RATE_LIMITS",
+                "MAINTENANCE", "LIMITS", "CLOCK_FILE", "DYNAMIC_LIMIT", "RETENTION",
+                "OPEN_CONTAINER_TIMEOUT", "STUCK_FILE",
+            )
+        ),
+        "PYTHONFAULTHANDLER",
+    }
+)  # fmt: skip
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """In the child: take `env` (names in SETTINGS_ENV) as a fresh interpreter would."""
+    unknown = set(env) - SETTINGS_ENV
+    assert not unknown, f"not for a forked worker: {sorted(unknown)}"
+    os.environ.update(env)
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    from django.conf import settings
+
+    module = importlib.reload(importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"]))
+    # A new object: django_jobqueue.conf validates JOBQUEUE again when its identity changes.
+    settings.JOBQUEUE = module.JOBQUEUE
 
 
 def _preload() -> None:
@@ -48,6 +83,8 @@ def _run_child(request: dict[str, Any]) -> None:
     os.dup2(null, 0)
     os.close(null)
     os.chdir(request["cwd"])
+    if request.get("env"):
+        _apply_env(request["env"])
     from django.core.management import execute_from_command_line
 
     sys.argv = ["django", "jobqueue_worker", *request["args"]]
