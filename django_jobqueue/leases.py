@@ -172,7 +172,7 @@ def _ready(
     using: str, queues: tuple[str, ...], types: tuple[str, ...], paused: tuple[str, ...]
 ) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
-    ready = Job.objects.using(using).ready().in_queues(queues).filter(type__in=types)
+    ready = Job.objects.using(using).ready().in_queues(queues).filter(type__any_of=types)
     return ready.exclude(queue__in=paused) if paused else ready
 
 

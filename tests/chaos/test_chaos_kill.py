@@ -41,13 +41,19 @@ def test_killing_workers_at_random_loses_nothing_and_finalizes_nothing_twice(
     deadline = started + env_int("JOBQUEUE_CHAOS_TIMEOUT", 400)
     next_kill = time.monotonic() + rnd.uniform(1.5, 3.0)
     left = len(work.ids)
+    # Kills come on a timer, and also each time another share of the jobs is done: however
+    # fast the workers drain (forked workers start at once), they meet several kills.
+    share = max(1, left // (max_kills + 2))
+    kill_below = left - share
     while left:
         assert time.monotonic() < deadline, describe_unfinished(work.ids)
         supervisor.assert_healthy()
         # Kill only while there is work to lose; the last kills leave time to recover.
-        if supervisor.kills < max_kills and time.monotonic() >= next_kill and left > 50:
+        due = time.monotonic() >= next_kill or left <= kill_below
+        if supervisor.kills < max_kills and due and left > 50:
             supervisor.kill_one(rnd)
             next_kill = time.monotonic() + rnd.uniform(1.0, 3.0)
+            kill_below = left - share
         time.sleep(0.25)
         left = unfinished(work.ids)
     elapsed = time.monotonic() - started
