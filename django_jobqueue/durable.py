@@ -131,25 +131,33 @@ def fence(dialect: Dialect, lease: Lease) -> None:
     """Lock the job's row while `lease` is current (in the caller's transaction); else LeaseLost."""
     found = dialect.lock_blocking(Job.objects.using(dialect.using).filter(lease.q()))
     if not found.values_list("pk", flat=True).first():
-        raise LeaseLost(
-            f"job {lease.job_id} attempt {lease.attempt} of {lease.owner} no longer holds "
-            "its lease: nothing was recorded"
-        )
+        raise _lease_lost(lease)
+
+
+def _lease_lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(
+        f"job {lease.job_id} attempt {lease.attempt} of {lease.owner} no longer holds "
+        "its lease: nothing was recorded"
+    )
 
 
 def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | None) -> None:
-    """Insert the record of a call (the job's row is fenced by the caller)."""
+    """Insert the record of a call, fenced by the lease (the job's row stays locked until the
+    caller's transaction ends); else LeaseLost."""
     dialect, lease = ctx._dialect, ctx._lease
-    if not ctx._calls.has_steps:  # the job's first record: say so on its row (for the claim)
-        Job.objects.using(dialect.using).filter(pk=lease.job_id).update(has_steps=True)
-    JobStep.objects.using(dialect.using).create(
+    recorded = dialect.record_call(
         job_id=lease.job_id,
+        owner=lease.owner,
+        attempt=lease.attempt,
         name=name,
         seq=seq,
         result=result,
-        attempt=lease.attempt,
         duration=duration,
     )
+    if not recorded:
+        raise _lease_lost(lease)
+    if not ctx._calls.has_steps:  # the job's first record: say so on its row (for the claim)
+        Job.objects.using(dialect.using).filter(pk=lease.job_id).update(has_steps=True)
 
 
 def _record(ctx: JobContext, name: str, seq: int, result: Any, pending: Any = MISSING) -> None:
@@ -157,10 +165,10 @@ def _record(ctx: JobContext, name: str, seq: int, result: Any, pending: Any = MI
     record a suspension wrote for this call, which this one replaces."""
     dialect, lease = ctx._dialect, ctx._lease
     with dialect.step_transaction():
-        fence(dialect, lease)
         if pending is MISSING:
             write(ctx, name, seq, result, None)
         else:
+            fence(dialect, lease)
             rows = JobStep.objects.using(dialect.using)
             rows.filter(job_id=lease.job_id, name=name, seq=seq).update(result=result)
     ctx._calls.remember(name, seq, result)
@@ -187,7 +195,6 @@ def step(ctx: JobContext, name: str, fn: Callable[..., Any], args: Any, kwargs: 
         # What a later run will read back: the result as JSON gives it (tuples as lists,
         # keys as strings), returned now too, so that the first run sees what replays see.
         value = None if result is None else json.loads(json.dumps(result))
-        fence(dialect, lease)
         write(ctx, name, seq, value, time.monotonic() - started)
     ctx._calls.remember(name, seq, value)
     return copy.deepcopy(value)

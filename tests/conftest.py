@@ -296,8 +296,13 @@ class WorkerProcess:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                # Exited meanwhile, or a worker forked a moment ago that has no process group
+                # of its own yet (its setsid() is its first step): kill the process itself.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def close(self) -> None:
