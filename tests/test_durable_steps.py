@@ -266,3 +266,37 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
         two.pk: None,
         plain.pk: None,
     }
+
+
+@pytest.mark.parametrize("lost", ["reclaimed", "claimed-again"])
+def test_a_step_whose_lease_is_gone_records_nothing_and_its_writes_roll_back(lost):
+    """The step's record is fenced by the lease in its own statement: a job reclaimed (or
+    reclaimed and claimed by another worker) meanwhile gets no record, and what the step's
+    function wrote goes with it."""
+    from django.db import connection
+
+    from django_jobqueue import conf, leases
+    from django_jobqueue.context import JobContext
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.exceptions import LeaseLost
+
+    job = jobqueue.enqueue("test.noop")
+    dialect = get_dialect(connection.alias)
+    [claimed] = leases.claim(dialect, owner="w1", queues=[], limit=1, lease_ttl=30)
+    ctx = JobContext(claimed.model(), claimed.attempts, "w1", 30.0, dialect,
+                     _max_result_bytes=conf.get().max_result_bytes)  # fmt: skip
+    assert ctx.step("first", lambda: 1) == 1  # the lease holds: recorded
+    if lost == "reclaimed":
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.READY, lease_owner=None, lease_expires=None
+        )
+    else:
+        Job.objects.filter(pk=job.pk).update(lease_owner="w2", attempts=claimed.attempts + 1)
+
+    def write() -> int:
+        return int(Order.objects.create(number="C-1").pk)
+
+    with pytest.raises(LeaseLost):
+        ctx.step("second", write)
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["first"]
+    assert not Order.objects.filter(number="C-1").exists()
