@@ -145,13 +145,16 @@ class ForkServer:
         self.path = str(directory / "forkserver.sock")
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, args: list[str], log: Path, env: dict[str, str]) -> ForkedProcess:
+    def start(
+        self, args: list[str], log: Path, env: dict[str, str], err: Path | None = None
+    ) -> ForkedProcess:
         if self.proc is None or self.proc.poll() is not None:
             self._launch()
         channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             channel.connect(self.path)
-            request = {"args": args, "log": str(log), "cwd": str(ROOT), "env": env}
+            request = {"args": args, "log": str(log), "cwd": str(ROOT), "env": env,
+                       "err": str(err) if err else None}  # fmt: skip
             channel.sendall(json.dumps(request).encode() + b"\n")
             return ForkedProcess(channel, args)
         except BaseException:
@@ -176,6 +179,21 @@ class ForkServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+def run_worker_command(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """`manage.py jobqueue_worker ARGS` to its end, forked by the fork server (what a fresh
+    interpreter would do, without its start-up): its exit status, stdout and stderr."""
+    directory = Path(tempfile.mkdtemp(prefix="jobqueue-command-"))
+    out, err = directory / "stdout", directory / "stderr"
+    process = fork_server().start(list(args), out, {}, err)
+    try:
+        returncode = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(list(args), returncode, out.read_text(), err.read_text())
 
 
 def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -14,7 +14,8 @@ any other variable (a database URL, a module that registers handlers at import) 
 (which re-executes sys.argv) are started as real subprocesses instead.
 
 Protocol, over a Unix socket, one connection per child: the client sends one JSON line
-{"args": [...], "log": path, "cwd": path, "env": {...}}; the server answers "pid N" at once,
+{"args": [...], "log": path, "cwd": path, "env": {...}, "err": path or absent (stderr with
+stdout in `log`)}; the server answers "pid N" at once,
 and "exit CODE" when the child has exited (CODE as subprocess gives it: -N for signal N).
 """
 
@@ -79,6 +80,10 @@ def _run_child(request: dict[str, Any]) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    if request.get("err"):  # stderr to a file of its own
+        err = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(err, 2)
+        os.close(err)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

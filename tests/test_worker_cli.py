@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -13,25 +12,20 @@ import pytest
 import django_jobqueue as jobqueue
 from django_jobqueue.management.commands.jobqueue_worker import Command
 from django_jobqueue.models import Job, Worker
-from tests.conftest import ROOT, SKIPPED_BEAT, assert_clean_log, poll, wait_for_job
+from tests.conftest import (
+    ROOT,
+    SKIPPED_BEAT,
+    assert_clean_log,
+    poll,
+    run_worker_command,
+    wait_for_job,
+)
 
 TERMINAL = (Job.State.DONE, Job.State.DEAD)
 
 
 def run_command(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "JOBQUEUE_TEST_SUBPROCESS": "1",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "django", "jobqueue_worker", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_worker_command(*args)
 
 
 def worker_options() -> list[str]:
