@@ -41,6 +41,10 @@ if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
     _db["NAME"] = _db["TEST"]["NAME"]
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _db["NAME"] = f"{_db['NAME']}_{os.environ['PYTEST_XDIST_WORKER']}"
+# The tests of Django's connection pool (test_worker_connection_release.py) give worker
+# subprocesses a pooled default alias.
+if os.environ.get("JOBQUEUE_TEST_DB_POOL"):
+    _db.setdefault("OPTIONS", {})["pool"] = json.loads(os.environ["JOBQUEUE_TEST_DB_POOL"])
 DATABASES = {"default": _db}
 # The PgBouncer tests (tests/test_pgbouncer.py) give worker subprocesses a second alias, the
 # same test database through the pooler, and say which alias holds the queue and which the

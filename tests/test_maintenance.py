@@ -169,7 +169,7 @@ def test_every_connection_of_a_worker_names_its_worker_and_duty(start_worker):
 
     expected = {
         f"jobqueue {duty} {row.id}"
-        for duty in ("dispatcher", "heartbeat", "promoter", "reclaimer", "maintainer", "listener")
+        for duty in ("dispatcher", "heartbeat", "housekeeper", "maintainer", "listener")
     }
     found = poll(lambda: (n := names()) >= expected and n)
     assert all(name.startswith("jobqueue ") for name in found)

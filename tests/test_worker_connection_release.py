@@ -43,6 +43,67 @@ def test_idle_worker_closes_its_handler_threads_connections(start_worker):
     assert_clean_log(worker.output())
 
 
+def test_a_workers_duties_hold_a_fixed_number_of_connections(account, start_worker):
+    """Whatever its concurrency and duties, an idle worker holds the connections of its
+    dispatcher, heartbeat, completer and housekeeper (promoter, reclaimer, recorder, closer,
+    pruner on one), and on PostgreSQL its listener's and maintainer's: 6, or 4 on MariaDB.
+    Before the housekeeper, each of those five duties held one of its own (9 or 7 here)."""
+    expected = 6 if connection.vendor == "postgresql" else 4
+    worker = start_worker(
+        "--concurrency", "16",
+        env={
+            "DATABASE_URL": account.url,
+            "JOBQUEUE_TEST_RETENTION": '{"done": "1h"}',
+            "JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT": "3600",
+        },
+    )  # fmt: skip
+    worker.wait_registered()
+    jobs = jobqueue.enqueue_many([("conn.session", {"sleep": 0.05}) for _ in range(48)])
+    for job in jobs:
+        assert wait_for_job(job.pk, *FINAL, timeout=120).state == "done"
+    (duties,) = [line for line in worker.output().splitlines() if " duties: " in line]
+    assert "housekeeper (promoter, reclaimer, recorder, closer, pruner)" in duties
+    # The handler threads close theirs once idle (executor.IDLE_CLOSE); the duties keep theirs.
+    poll(lambda: len(account.sessions()) == expected, timeout=60)
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
+)
+def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worker):
+    """With OPTIONS["pool"] at max_size 2, a worker at --concurrency 8 runs its handlers on the
+    pool's 2 connections, borrowed for a job and given back after it, and its duties on 6
+    connections of their own beside the pool: never more than 8 in all. Before, each handler
+    thread kept a pooled connection, and the duties took theirs from the pool as well: the pool
+    ran dry and the worker stalled."""
+    worker = start_worker(
+        "--concurrency", "8",
+        env={
+            "DATABASE_URL": account.url,
+            "JOBQUEUE_TEST_DB_POOL": '{"min_size": 1, "max_size": 2, "timeout": 60}',
+        },
+    )  # fmt: skip
+    worker.wait_registered()
+    jobs = jobqueue.enqueue_many([("conn.session", {"sleep": 0.1}) for _ in range(64)])
+    ids = [job.pk for job in jobs]
+    peak = 0
+
+    def finished() -> bool:
+        nonlocal peak
+        peak = max(peak, len(account.sessions()))
+        return not Job.objects.filter(pk__in=ids).exclude(state__in=FINAL).exists()
+
+    poll(finished, timeout=120)
+    done = list(Job.objects.filter(pk__in=ids))
+    assert {job.state for job in done} == {"done"}, [job.last_error for job in done]
+    assert len({job.result for job in done}) <= 2  # the pool's connections, no other
+    assert peak <= 6 + 2
+    assert worker.stop() == 0
+    assert_clean_log(worker.output())
+
+
 @pytest.fixture
 def account() -> Iterator[Account]:
     """An account the server can be made to refuse; ask for it before `start_worker`, so that

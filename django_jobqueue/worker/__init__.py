@@ -11,9 +11,15 @@
 - the schedule runner (`schedule_runner`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule
   slots;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
-- the listener (`listener`, PostgreSQL): push wake-up.
+- the listener (`listener`, PostgreSQL): push wake-up;
+- the maintainer (`maintainer`, PostgreSQL): VACUUM and ANALYZE where autovacuum lags;
+- the recorder (`recorder`): the per-minute figures.
 
-Each duty but the dispatcher runs on its own thread with its own database connection.
+The heartbeat, the completer, the listener and the maintainer run on threads of their own,
+each with its own database connection; the promoter, reclaimer, recorder, schedule runner,
+closer and pruner take turns on the housekeeper's (`housekeeper`), and the dispatcher runs on
+the calling thread. A worker holds those connections and one per busy handler thread
+(docs: howto/scale-out.md, "Connections").
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from .. import conf as conf_module
 from ..attempts import InFlight
 from ..dialects import get_dialect
 from ..fairshare import FairShare
-from . import naming
+from . import connection_pool, naming
 from .burst import BurstCheck
 from .closer import Closer
 from .completer import Completer
@@ -46,6 +52,7 @@ from .duty import Duty
 from .executor import Executor
 from .flights import Flights
 from .heartbeat import Heartbeat
+from .housekeeper import Housekeeper
 from .listener import WakeListener
 from .maintainer import INTERVAL as MAINTENANCE_INTERVAL
 from .maintainer import Maintainer
@@ -155,6 +162,7 @@ class JobWorker:
     def run(self, *, install_signals: bool = True) -> int:
         """Run until stopped (signal, --burst with nothing to do, --max-jobs); return exit code."""
         unname = naming.install(self.worker_id)
+        connection_pool.outside_pool(self.dialect.using)  # the dispatcher's, on this thread
         try:
             # This thread's connection may be open already: name it as a new one would be.
             if self.dialect.connection.connection is not None:
@@ -262,9 +270,9 @@ class JobWorker:
         recorder = Recorder(
             dialect, worker_id=self.worker_id, tally=tally, lock_timeout=lock_timeout
         )
-        duties: list[Duty] = [heartbeat, completer, promoter, reclaimer, recorder]
+        house: list[Duty] = [promoter, reclaimer, recorder]
         if self.schedules:
-            duties.append(
+            house.append(
                 ScheduleRunner(
                     dialect,
                     schedules=self.schedules,
@@ -275,7 +283,7 @@ class JobWorker:
                 )
             )
         if conf.open_container_timeout is not None:
-            duties.append(
+            house.append(
                 Closer(
                     dialect,
                     timeout=conf.open_container_timeout,
@@ -283,12 +291,14 @@ class JobWorker:
                     batch=conf.reclaim_batch,
                 )
             )
+        if ages := conf.retention_ages():
+            house.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
+        housekeeper = Housekeeper(dialect, house, lock_timeout=lock_timeout)
+        duties: list[Duty] = [heartbeat, completer, housekeeper]
         if conf.maintenance and dialect.maintains_tables:
             duties.append(
                 Maintainer(dialect, interval=MAINTENANCE_INTERVAL, lock_timeout=lock_timeout)
             )
-        if ages := conf.retention_ages():
-            duties.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
         if dialect.supports_listen_notify:
             # Its own alias may go straight to the server: a LISTEN does not survive a
             # transaction-mode pooler, which everything else may go through.
@@ -301,9 +311,8 @@ class JobWorker:
         for duty in duties:
             duty.idle_timeout = self.lease_ttl
             duty.start()
-        logger.info(
-            "Worker %s duties: %s", self.worker_id, ", ".join(d.duty_name() for d in duties)
-        )
+        names = [housekeeper.describe() if d is housekeeper else d.duty_name() for d in duties]
+        logger.info("Worker %s duties: %s", self.worker_id, ", ".join(names))
         try:
             dispatcher.run(
                 burst=self.burst,
@@ -314,11 +323,13 @@ class JobWorker:
         finally:
             executor.shutdown()
             for duty in duties:
-                if duty is not heartbeat and duty is not recorder:
+                if duty is not heartbeat and duty is not housekeeper:
                     duty.stop()
+            housekeeper.stop_members(keep=(recorder,))
             completer.stop(timeout=5.0)
-            # After the completer: its last outcomes count in the figures written at the stop.
-            recorder.stop(timeout=recorder.lock_timeout + 5.0)
+            # After the completer: its last outcomes count in the figures the recorder writes
+            # as its housekeeper stops.
+            housekeeper.stop(timeout=recorder.lock_timeout + 5.0)
             # Stopped before the row is deleted: a beat after the delete would register it again.
             heartbeat.stop(timeout=heartbeat.lock_timeout + 5.0)
             try:

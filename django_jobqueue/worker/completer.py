@@ -28,6 +28,7 @@ from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
 from ..exceptions import RateLimited, Suspend
+from . import connection_pool
 from .duty import Duty
 from .flights import Flights
 
@@ -100,6 +101,7 @@ class Completer(Duty):
 
     def run(self) -> None:
         # Not Duty's periodic loop: it blocks on its queue, and writes as soon as it has work.
+        connection_pool.outside_pool(self.dialect.using)
         try:
             while True:
                 if not self._pending:

@@ -9,17 +9,19 @@ import time
 from django.db import DatabaseError, InterfaceError, connections
 
 from ..dialects import Dialect
+from . import connection_pool
 
 logger = logging.getLogger(__name__)
 
 
 class Duty(threading.Thread):
-    """Run `tick()` every `interval` seconds on a thread of its own until stopped.
+    """Run `tick()` every `interval` seconds until stopped: on a thread of its own, or on a
+    housekeeper's thread beside other light duties (`housekeeper.py`, then `host` is set).
 
-    Each duty has its own database connection (Django's connections are per thread), with
-    every lock wait bounded to `lock_timeout`, so no duty waits behind another, the dispatcher
-    or a handler. An error in a tick is logged and the duty carries on after a backoff: a duty
-    never dies of a database outage or of one bad row.
+    A thread has its own database connection (Django's connections are per thread), with
+    every lock wait bounded to `lock_timeout`, so no duty waits behind another thread's, the
+    dispatcher or a handler. An error in a tick is logged and the duty carries on after a
+    backoff: a duty never dies of a database outage or of one bad row.
     """
 
     #: How long to wait after a failed tick, at most (doubling from `retry_after`).
@@ -36,6 +38,8 @@ class Duty(threading.Thread):
         self._stop_event = threading.Event()
         self._wake_event = threading.Event()
         self.failures = 0
+        # The housekeeper whose thread runs this duty's ticks (None: a thread of its own).
+        self.host: Duty | None = None
 
     @classmethod
     def duty_name(cls) -> str:
@@ -49,31 +53,39 @@ class Duty(threading.Thread):
         """Called after a tick raised (the connection is closed already)."""
 
     def run(self) -> None:
+        connection_pool.outside_pool(self.dialect.using)
         try:
             while not self._stop_event.is_set():
                 self._wake_event.clear()
-                try:
-                    self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
-                    delay = self.tick()
-                    self.failures = 0
-                except Exception as exc:  # a duty never dies: log, back off, carry on
-                    self.failures += 1
-                    delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
-                    level = logging.WARNING if self.failures <= 3 else logging.ERROR
-                    # A database error (an outage, a lock held too long) needs no traceback;
-                    # anything else is a bug worth one.
-                    trace = self.failures == 1 and not isinstance(
-                        exc, DatabaseError | InterfaceError
-                    )
-                    logger.log(
-                        level, "Worker duty %s failed (%s); retrying in %.1fs",
-                        self.duty_name(), exc, delay, exc_info=trace,
-                    )  # fmt: skip
-                    self.dialect.connection.close()
-                    self.on_error(exc)
-                self._sleep(self.interval if delay is None else delay)
+                self._sleep(self.run_once())
         finally:
+            self.finish()
             connections.close_all()
+
+    def run_once(self) -> float:
+        """Do one tick, bounded, and return the seconds until the next; an error in it is
+        logged and answered with a backoff (the connection closed), never raised."""
+        try:
+            self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
+            delay = self.tick()
+            self.failures = 0
+        except Exception as exc:  # a duty never dies: log, back off, carry on
+            self.failures += 1
+            delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
+            level = logging.WARNING if self.failures <= 3 else logging.ERROR
+            # A database error (an outage, a lock held too long) needs no traceback;
+            # anything else is a bug worth one.
+            trace = self.failures == 1 and not isinstance(exc, DatabaseError | InterfaceError)
+            logger.log(
+                level, "Worker duty %s failed (%s); retrying in %.1fs",
+                self.duty_name(), exc, delay, exc_info=trace,
+            )  # fmt: skip
+            self.dialect.connection.close()
+            self.on_error(exc)
+        return self.interval if delay is None else delay
+
+    def finish(self) -> None:
+        """Called once when the duty stops, on its thread, before its connections close."""
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
@@ -85,6 +97,8 @@ class Duty(threading.Thread):
     def wake(self) -> None:
         """Run the next tick now."""
         self._wake_event.set()
+        if self.host is not None:
+            self.host.wake()
 
     def stop(self, timeout: float | None = None) -> None:
         """Ask the duty to stop, and wait up to `timeout` seconds for its thread."""
@@ -95,4 +109,4 @@ class Duty(threading.Thread):
 
     @property
     def stopping(self) -> bool:
-        return self._stop_event.is_set()
+        return self._stop_event.is_set() or (self.host is not None and self.host.stopping)

@@ -25,6 +25,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..attempts import InFlight, Outcome
+from . import connection_pool
 from .eventloop import EventLoop
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class Executor:
         # This thread's connection object (Django keeps one per thread and alias, closed or
         # not): looked up once, since the lookup costs more than the rest of a job's overhead.
         conn = connections[self._alias] if self._alias is not None else None
+        if conn is not None and connection_pool.pooled(conn):
+            conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:
             while True:
                 flight = self._next()
@@ -298,7 +301,9 @@ class Executor:
 
 def tidy_connections(aliases: list[str]) -> None:
     """Drop this thread's connections that a handler left broken (the server went away,
-    say), so that the next job on this thread connects afresh instead of failing too."""
+    say), so that the next job on this thread connects afresh instead of failing too; give
+    pooled ones back to their pool."""
+    connection_pool.give_back(aliases)
     for alias in aliases:
         conn = connections[alias]
         if conn.errors_occurred and not conn.in_atomic_block:

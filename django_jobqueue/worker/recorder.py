@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError
 
 from .. import metrics
 from ..dialects import Dialect
@@ -60,11 +60,8 @@ class Recorder(Duty):
             self.tally.untake(minutes)
             raise
 
-    def run(self) -> None:
-        super().run()
+    def finish(self) -> None:
         try:  # the last seconds' totals, once the worker stops
             self._write(self.tally.take())
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("Could not write the last minute's figures (%s)", exc)
-        finally:
-            connections.close_all()
