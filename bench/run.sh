@@ -24,6 +24,8 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15
     BENCH_DB=$db "$PY" -m bench.scale --procs 1 2 4 8
     BENCH_DB=$db "$PY" -m bench.async_io  # beside PGQueuer on pg, with the peers' venv
+    # Server connections against the rate: direct, Django's pool, PgBouncer (PostgreSQL only).
+    if [ "$db" = pg ]; then BENCH_DB=pg "$PY" -m bench.connections; fi
 done
 peer_dirs=()
 if [ -z "${SKIP_PEERS:-}" ] && [ -f "$PEERS_DIR/run.sh" ]; then

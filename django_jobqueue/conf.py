@@ -38,6 +38,9 @@ class JobQueueSettings:
     # threads (each with its connections) that run the ORM calls of a worker's async jobs, one
     # job to a thread at a time; at most --concurrency (worker/sync_calls.py)
     sync_call_threads: int = 4
+    # when a handler gives a connection of Django's pool back: "job" (when the job ends) or
+    # "query" (also whenever its last cursor closes outside a transaction); connection_pool.py
+    pool_return: str = "job"
     group_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> max running
     queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
     dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
@@ -186,6 +189,8 @@ def _validate(conf: JobQueueSettings) -> None:
                 f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters (no "
                 f"control characters) to integers from 1 to {INT_MAX}."
             )
+    if conf.pool_return not in ("job", "query"):
+        raise ImproperlyConfigured("JOBQUEUE['POOL_RETURN'] must be 'job' or 'query'.")
     if not isinstance(conf.maintenance, bool):
         raise ImproperlyConfigured("JOBQUEUE['MAINTENANCE'] must be True or False.")
     if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:

@@ -107,7 +107,7 @@ for _name in ("GROUP_LIMITS", "QUEUE_LIMITS"):
     _raw = os.environ.get(f"JOBQUEUE_TEST_{_name}")
     if _raw:
         JOBQUEUE[_name] = json.loads(_raw)
-for _name in ("SCHEDULES", "RATE_LIMITS", "MAINTENANCE", "LIMITS"):  # as JSON, as above
+for _name in ("SCHEDULES", "RATE_LIMITS", "MAINTENANCE", "LIMITS", "POOL_RETURN"):  # JSON
     _raw = os.environ.get(f"JOBQUEUE_TEST_{_name}")
     if _raw:
         JOBQUEUE[_name] = json.loads(_raw)

@@ -90,6 +90,7 @@ def test_every_field_is_a_setting() -> None:
         {"MAX_ATTEMPTS": 1},
         {"RECLAIM_BATCH": 1, "MAX_ABANDONED_THREADS": 1},
         {"POLL_INTERVAL": 1},  # ints are fine where seconds are expected
+        {"POOL_RETURN": "query"},
     ],
     ids=str,
 )
@@ -149,6 +150,7 @@ def test_valid_values(raw: dict[str, Any]) -> None:
         ({"RATE_LIMITS": {"g\x1b": "1/s"}}, "without control characters"),
         ({"GROUP_LIMITS": {"g\r": 1}}, "no control characters"),
         ({"QUEUE_LIMITS": {"q\u202e": 1}}, "no control characters"),
+        ({"POOL_RETURN": "transaction"}, "POOL_RETURN'] must be 'job' or 'query'"),
     ],
     ids=str,
 )

@@ -69,25 +69,17 @@ def test_a_workers_duties_hold_a_fixed_number_of_connections(account, start_work
     assert_clean_log(worker.output())
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
-)
-def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worker):
-    """With OPTIONS["pool"] at max_size 2, a worker at --concurrency 8 runs its handlers on the
-    pool's 2 connections, borrowed for a job and given back after it, and its duties on 6
-    connections of their own beside the pool: never more than 8 in all. Before, each handler
-    thread kept a pooled connection, and the duties took theirs from the pool as well: the pool
-    ran dry and the worker stalled."""
-    worker = start_worker(
-        "--concurrency", "8",
-        env={
-            "DATABASE_URL": account.url,
-            "JOBQUEUE_TEST_DB_POOL": '{"min_size": 1, "max_size": 2, "timeout": 60}',
-        },
-    )  # fmt: skip
+POOLED = {"JOBQUEUE_TEST_DB_POOL": '{"min_size": 1, "max_size": 2, "timeout": 60}'}
+
+
+def drain_pooled(
+    start_worker, account: Account, key: str, count: int, **env: str
+) -> tuple[list[Job], int]:
+    """Run `count` jobs of `key` (each sleeps 0.1 s) on a worker at --concurrency 8 whose
+    database alias has a pool of 2; return them, done, and the most sessions it held."""
+    worker = start_worker("--concurrency", "8", env={"DATABASE_URL": account.url, **POOLED, **env})
     worker.wait_registered()
-    jobs = jobqueue.enqueue_many([("conn.session", {"sleep": 0.1}) for _ in range(64)])
-    ids = [job.pk for job in jobs]
+    ids = [job.pk for job in jobqueue.enqueue_many([(key, {"sleep": 0.1})] * count)]
     peak = 0
 
     def finished() -> bool:
@@ -98,10 +90,49 @@ def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worke
     poll(finished, timeout=120)
     done = list(Job.objects.filter(pk__in=ids))
     assert {job.state for job in done} == {"done"}, [job.last_error for job in done]
-    assert len({job.result for job in done}) <= 2  # the pool's connections, no other
-    assert peak <= 6 + 2
     assert worker.stop() == 0
     assert_clean_log(worker.output())
+    return done, peak
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
+)
+def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worker):
+    """With OPTIONS["pool"] at max_size 2, a worker at --concurrency 8 runs its handlers on the
+    pool's 2 connections, borrowed for a job and given back after it, and its duties on 6
+    connections of their own beside the pool: never more than 8 in all. Before, each handler
+    thread kept a pooled connection, and the duties took theirs from the pool as well: the pool
+    ran dry and the worker stalled."""
+    done, peak = drain_pooled(start_worker, account, "conn.session", 64)
+    assert len({job.result for job in done}) <= 2  # the pool's connections, no other
+    assert peak <= 6 + 2
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
+)
+@pytest.mark.parametrize("pool_return", ["job", "query"])
+def test_pool_return_says_when_a_handler_gives_its_pooled_connection_back(
+    pool_return, account, start_worker
+):
+    """POOL_RETURN = "query": a handler's pooled connection goes back each time its last
+    cursor closes outside a transaction (a transaction keeps it), so 8 threads whose jobs
+    query, then wait, share 2 connections a query at a time. "job" (the default) keeps it to
+    the end of the job."""
+    done, peak = drain_pooled(
+        start_worker, account, "conn.pooled", 24, JOBQUEUE_TEST_POOL_RETURN=f'"{pool_return}"'
+    )
+    by_query = pool_return == "query"
+    assert {
+        (
+            job.result["given_back_after_cursor"],
+            job.result["given_back_after_orm_query"],
+            job.result["held_in_transaction"],
+        )
+        for job in done
+    } == {(by_query, by_query, True)}
+    assert peak <= 6 + 2
 
 
 @pytest.fixture

@@ -48,6 +48,19 @@ else:
 _default["CONN_MAX_AGE"] = None
 DATABASES = {"default": _default}
 JOBQUEUE = {}
+# BENCH_DB_POOL='{"max_size": 4}': Django's connection pool (bench/connections.py).
+if os.environ.get("BENCH_DB_POOL"):
+    _default["OPTIONS"] = {"pool": json.loads(os.environ["BENCH_DB_POOL"])}
+    _default["CONN_MAX_AGE"] = 0  # a pool's connections are given back, never kept
+if os.environ.get("BENCH_POOL_RETURN"):
+    JOBQUEUE["POOL_RETURN"] = os.environ["BENCH_POOL_RETURN"]
+# BENCH_PGBOUNCER_PORT=6432: everything through a transaction-mode PgBouncer on that loopback
+# port, but the listener's LISTEN, on a direct alias (bench/connections.py).
+if os.environ.get("BENCH_PGBOUNCER_PORT"):
+    DATABASES["listen"] = dict(_default)
+    _default["PORT"] = os.environ["BENCH_PGBOUNCER_PORT"]
+    _default["DISABLE_SERVER_SIDE_CURSORS"] = True
+    JOBQUEUE["LISTEN_DATABASE"] = "listen"
 # BENCH_MAINTENANCE=0: the workers leave the tables' upkeep to the database (bench/backlog.py).
 if os.environ.get("BENCH_MAINTENANCE") == "0":
     JOBQUEUE["MAINTENANCE"] = False

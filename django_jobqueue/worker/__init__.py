@@ -219,6 +219,7 @@ class JobWorker:
             start_async=lambda flight: attempts.start_async(dialect, conf, flight),
             is_async=lambda flight: attempts.is_async(flight.job),
             sync_calls=SyncCallThreads(min(self.concurrency, conf.sync_call_threads)),
+            return_after_queries=conf.pool_return == "query",
         )
         dispatcher = self.dispatcher = Dispatcher(
             dialect,

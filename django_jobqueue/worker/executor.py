@@ -62,6 +62,7 @@ class Executor:
         start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
         is_async: Callable[[InFlight], bool] | None = None,
         sync_calls: SyncCallThreads | None = None,
+        return_after_queries: bool = False,
     ) -> None:
         self._run = run
         # Async attempts: begun by `start_async` in a thread, awaited on the event loop, their
@@ -77,6 +78,8 @@ class Executor:
         # The queue database, connected to before each handler; a flight whose connection
         # cannot be opened goes to `on_no_connection` (settled), not to the handler.
         self._alias = alias
+        # POOL_RETURN = "query": a pooled connection goes back after each query, not each job.
+        self._return_after_queries = return_after_queries
         self._on_no_connection = on_no_connection
         self.connect_failures = 0  # attempts handed back in a row for want of a connection
         self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
@@ -98,6 +101,9 @@ class Executor:
         # This thread's connection object (Django keeps one per thread and alias, closed or
         # not): looked up once, since the lookup costs more than the rest of a job's overhead.
         conn = connections[self._alias] if self._alias is not None else None
+        if conn is not None and self._return_after_queries:
+            connection_pool.return_after_queries(conn.alias)
+            conn = connections[conn.alias]
         if conn is not None and connection_pool.pooled(conn):
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,16 +42,33 @@ def install(worker_id: str, *, role: str | None = None) -> Callable[[], None]:
     watchdog <worker id>`); else for the thread that opens it.
     """
 
+    # The name each server connection was given: a pooled one, handed out again (a job at a
+    # time, or a query at a time), keeps its name without a statement more.
+    named: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
+
     def name(sender: Any, connection: Any, **kwargs: Any) -> None:
         try:
             dialect = get_dialect(connection.alias)
         except UnsupportedDatabaseError:  # a handler's connection to a database of its own
             return
-        text = f"jobqueue {role} {worker_id}" if role else None
+        text = (
+            f"jobqueue {role} {worker_id}"
+            if role
+            else label(threading.current_thread().name, worker_id)
+        )
+        raw = connection.connection
+        with lock:
+            if raw is not None and named.get(raw) == text:
+                return
         try:
-            dialect.name_session(text or label(threading.current_thread().name, worker_id))
+            dialect.name_session(text)
         except DatabaseError:  # a name is never worth a failed connection
             logger.debug("Could not name a connection of %s", connection.alias, exc_info=True)
+            return
+        if raw is not None:
+            with lock:
+                named[raw] = text
 
     connection_created.connect(name, weak=False)
 

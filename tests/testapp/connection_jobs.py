@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from django.db import connection
+from django.db import connection, transaction
 
 import django_jobqueue as jobqueue
 
@@ -22,3 +22,25 @@ def session(sleep: float = 0.0) -> int:
         else:
             cursor.execute("SELECT 0")
         return int(cursor.fetchone()[0])
+
+
+@jobqueue.handler("conn.pooled")
+def pooled(sleep: float = 0.0) -> dict[str, bool]:
+    """What a handler sees of its pooled connection after a query, and in a transaction."""
+    from django_jobqueue.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    after_cursor = connection.connection is None
+    Job.objects.filter(pk=-1).exists()
+    after_orm_query = connection.connection is None
+    time.sleep(sleep)
+    with transaction.atomic():
+        Job.objects.filter(pk=-1).exists()
+        held_in_transaction = connection.connection is not None
+        Job.objects.filter(pk=-1).exists()
+    return {
+        "given_back_after_cursor": after_cursor,
+        "given_back_after_orm_query": after_orm_query,
+        "held_in_transaction": held_in_transaction,
+    }
