@@ -7,7 +7,7 @@ wait (`bench.orm_io`), connected three ways: straight to the server; with Django
 pool (`OPTIONS["pool"]`, `max_size` --pool); and through PgBouncer in transaction mode
 (`default_pool_size` --pool, the listener's LISTEN on a direct alias). Each reports the steady
 rate and the most server connections the worker held (backends of the bench database, sampled
-every 20 ms, less the bench's own), and the rate as a ratio of the direct one.
+every 20 ms, but the bench's own), and the rate as a ratio of the direct one.
 """
 
 from __future__ import annotations
@@ -29,19 +29,20 @@ from . import harness
 
 
 def server_connections() -> int:
-    """Backends connected to the bench database, this process's own left out."""
-    import psycopg
+    """Backends connected to the bench database, this process's own left out (read on it: a
+    server out of connections refuses a new one)."""
+    from django.db import connection
 
-    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres") as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'jobqueue_bench'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0]) - 1  # the bench's own (enqueue, counts)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
 
 
 def drain(jobs: int, concurrency: int, env: dict[str, str]) -> dict[str, float | int]:
-    from django.db import connection, transaction
+    from django.db import transaction
 
     import django_jobqueue as jobqueue
     from django_jobqueue.models import JobEvent
@@ -70,7 +71,6 @@ def drain(jobs: int, concurrency: int, env: dict[str, str]) -> dict[str, float |
         last = time.perf_counter()
     finally:
         harness.stop_workers(procs)
-        connection.close()
     assert first is not None
     return {
         "jobs_per_s": round((jobs - first[1]) / (last - first[0]), 1),

@@ -91,7 +91,7 @@ def figures(
     concurrency: int,
     seconds: float,
     cpu_key: str = "cpu_ms_per_job",
-) -> dict[str, float | int]:
+) -> dict[str, float | int | None]:
     """The steady figures between two samples of (time, jobs done, workers' CPU, server CPU)."""
     count = last[1] - first[1]
     rate = count / (last[0] - first[0])
@@ -100,7 +100,8 @@ def figures(
         "concurrency": concurrency,
         "job_seconds": seconds,
         "steady_jobs_per_s": round(rate, 1),
-        "of_ideal": round(rate / (processes * concurrency / seconds), 3),
+        # No-op jobs (0 s) have no ideal rate.
+        "of_ideal": round(rate * seconds / (processes * concurrency), 3) if seconds else None,
         cpu_key: round(1000 * (last[2] - first[2]) / count, 3),
         "server_cpu_ms_per_job": round(1000 * (last[3] - first[3]) / count, 3),
     }

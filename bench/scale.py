@@ -6,8 +6,10 @@
 For each number of processes, reports the steady rate (first job done to last) as a fraction
 of the ideal (processes x concurrency / seconds), the workers' CPU per job and, on
 PostgreSQL, the server's CPU per job (every `postgres` process on this machine, from /proc:
-run it on a machine with nothing else on the server). With `--pgqueuer PYTHON` (default: the
-peer harness's venv, /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer and
+run it on a machine with nothing else on the server) and the most server connections the
+workers held (backends of the bench database, sampled every 20 ms; BENCH_DB_POOL='{"max_size":
+2}' gives the workers Django's connection pool). With `--pgqueuer PYTHON` (default: the peer
+harness's venv, /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer and
 Procrastinate drain the same jobs (async sleeps, their native mode) with as many worker
 processes at the same concurrency (`pgq run --max-concurrent-tasks`, `procrastinate worker
 --concurrency`), in the same run, for ratios (bench/peer_sleep.py).
@@ -20,6 +22,7 @@ import time
 
 from . import harness
 from .async_io import PEERS_PYTHON, cpu_seconds, peer
+from .connections import server_connections
 from .peer_sleep import figures, server_cpu
 
 
@@ -33,9 +36,11 @@ def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, ob
         jobqueue.enqueue_many([("bench.sleep", {"seconds": seconds})] * jobs)
     harness.analyze()
     workers = harness.start_workers(procs, ["--concurrency", str(concurrency)])
+    peak = 0
     try:
         first = None
         while (done := harness.done_count()) < jobs:
+            peak = max(peak, server_connections())
             if done and first is None:
                 first = (time.perf_counter(), done, sum(cpu_seconds(w.pid) for w in workers),
                          server_cpu())  # fmt: skip
@@ -46,7 +51,8 @@ def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, ob
     finally:
         harness.stop_workers(workers)
     assert first is not None
-    return figures(first, last, procs, concurrency, seconds, cpu_key="worker_cpu_ms_per_job")
+    result = figures(first, last, procs, concurrency, seconds, cpu_key="worker_cpu_ms_per_job")
+    return {**result, "peak_server_connections": peak}
 
 
 def main() -> None:
