@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -92,8 +93,7 @@ class ClaimedJob:
         if self._model is None:
             from .models import Job
 
-            # from_db takes the loaded values in the model's field order.
-            names = [f.attname for f in Job._meta.concrete_fields if f.attname in CLAIM_FIELDS]
+            names = _model_order()
             self._model = Job.from_db(self.using, names, [getattr(self, n) for n in names])
         return self._model
 
@@ -122,3 +122,11 @@ class FinishReport:
     # (job id, state) finished by this very lease before: an earlier write of the batch was
     # committed but its reply was lost. Recorded already, the graph has reacted already.
     recorded: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+
+@functools.cache
+def _model_order() -> list[str]:
+    """CLAIM_FIELDS in the Job model's field order, as Model.from_db takes them."""
+    from .models import Job
+
+    return [f.attname for f in Job._meta.concrete_fields if f.attname in CLAIM_FIELDS]

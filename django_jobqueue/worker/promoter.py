@@ -36,14 +36,21 @@ def any_due(dialect: Dialect, queues: list[str]) -> bool:
 def seconds_until_due(dialect: Dialect) -> float | None:
     """Seconds until the earliest scheduled job or event wait is due, by the database clock
     (None: none)."""
-    due = []
+    due = [seconds for seconds in due_times(dialect) if seconds is not None]
+    return min(due) if due else None
+
+
+def due_times(dialect: Dialect) -> tuple[float | None, float | None]:
+    """Seconds until the earliest scheduled job, and until the earliest event wait's timeout,
+    is due, by the database clock (None: there is none)."""
+    due: list[float | None] = []
     with dialect.connection.cursor() as cursor:
         for sql, params in _due_statements(dialect.using):
             cursor.execute(sql, params)
             row = cursor.fetchone()
-            if row is not None and row[0] is not None:
-                due.append((aware(row[0]) - aware(row[1])).total_seconds())
-    return min(due) if due else None
+            has = row is not None and row[0] is not None
+            due.append((aware(row[0]) - aware(row[1])).total_seconds() if has else None)
+    return due[0], due[1]
 
 
 @functools.cache
@@ -86,14 +93,19 @@ class Promoter(Duty):
     def tick(self) -> float | None:
         # A read first: an idle promoter opens no write transaction (on SQLite, that would
         # take the database's write lock every second for nothing).
-        until = seconds_until_due(self.dialect)
-        if until is None:
+        jobs_until, waits_until = due_times(self.dialect)
+        due = [until for until in (jobs_until, waits_until) if until is not None]
+        if not due:
             return None
-        if until <= 0:
-            promoted = promote_all_due(self.dialect, batch=self.batch)
-            if not promoted:
-                return 0.01  # another worker's promoter holds them: look again shortly
-            logger.debug("Promoted %s due job(s)", promoted)
-            return 0.0  # more may be due: look again at once
-        # A little after the due time: clocks differ by the time the query took.
-        return min(self.interval, until + 0.001)
+        if min(due) > 0:
+            # A little after the due time: clocks differ by the time the query took.
+            return min(self.interval, min(due) + 0.001)
+        promoted = woken = 0
+        if jobs_until is not None and jobs_until <= 0:
+            promoted = promote_due(self.dialect, batch=self.batch)
+        if waits_until is not None and waits_until <= 0:
+            woken = events.expire_waits(self.dialect, batch=self.batch)
+        if not promoted + woken:
+            return 0.01  # another worker's promoter holds them: look again shortly
+        logger.debug("Promoted %s due job(s), woke %s timed-out wait(s)", promoted, woken)
+        return 0.0  # more may be due: look again at once
