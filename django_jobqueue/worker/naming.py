@@ -21,6 +21,7 @@ from django.db.backends.signals import connection_created
 
 from ..dialects import get_dialect
 from ..exceptions import UnsupportedDatabaseError
+from . import connection_pool
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ def install(worker_id: str, *, role: str | None = None) -> Callable[[], None]:
             if role
             else label(threading.current_thread().name, worker_id)
         )
-        raw = connection.connection
+        # Only a pooled connection is handed out again (and psycopg's can be weakly referenced;
+        # sqlite3's and MySQLdb's cannot).
+        raw = connection.connection if connection_pool.pooled(connection) else None
         with lock:
             if raw is not None and named.get(raw) == text:
                 return
