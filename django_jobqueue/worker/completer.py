@@ -20,15 +20,12 @@ import queue as queue_module
 import time
 from collections.abc import Callable
 
-from django.db import connections
-
 from .. import metrics, outcomes
 from ..attempts import Outcome
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
 from ..exceptions import RateLimited, Suspend
-from . import connection_pool
 from .duty import Duty
 from .flights import Flights
 
@@ -99,36 +96,32 @@ class Completer(Duty):
         """Outcomes not written yet (about: a stop marker may count as one)."""
         return self._queue.qsize() + len(self._pending) + self._writing
 
-    def run(self) -> None:
+    def loop(self) -> None:
         # Not Duty's periodic loop: it blocks on its queue, and writes as soon as it has work.
-        connection_pool.outside_pool(self.dialect.using)
-        try:
-            while True:
-                if not self._pending:
-                    outcome = self._queue.get()
-                    if outcome is None:  # stop(): everything before it was written
-                        return
-                    self._pending.append(outcome)
-                    self._gather()
-                self._drain_queue()
-                try:
-                    self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
-                    self._write_pending()
-                    self.failures = 0
-                except Exception as exc:  # the write is retried; the worker carries on
-                    self.failures += 1
-                    delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
-                    logger.warning(
-                        "Could not record %s outcome(s) yet (%s); retrying in %.2fs",
-                        len(self._pending), log_text(exc), delay,
-                    )  # fmt: skip
-                    self.dialect.connection.close()
-                    time.sleep(delay)
-                    continue
-                if self._pending:  # rows locked by another transaction: come back shortly
-                    time.sleep(0.05)
-        finally:
-            connections.close_all()
+        while True:
+            if not self._pending:
+                outcome = self._queue.get()
+                if outcome is None:  # stop(): everything before it was written
+                    return
+                self._pending.append(outcome)
+                self._gather()
+            self._drain_queue()
+            try:
+                self.dialect.bound_waits(self.lock_timeout, self.idle_timeout)
+                self._write_pending()
+                self.failures = 0
+            except Exception as exc:  # the write is retried; the worker carries on
+                self.failures += 1
+                delay = min(self.retry_after * 2 ** (self.failures - 1), self.max_backoff)
+                logger.warning(
+                    "Could not record %s outcome(s) yet (%s); retrying in %.2fs",
+                    len(self._pending), log_text(exc), delay,
+                )  # fmt: skip
+                self.dialect.connection.close()
+                time.sleep(delay)
+                continue
+            if self._pending:  # rows locked by another transaction: come back shortly
+                time.sleep(0.05)
 
     def _take(self, timeout: float | None = None) -> bool:
         """Move one more submitted outcome to the pending batch, waiting up to `timeout`

@@ -53,14 +53,20 @@ class Duty(threading.Thread):
         """Called after a tick raised (the connection is closed already)."""
 
     def run(self) -> None:
-        connection_pool.outside_pool(self.dialect.using)
+        # The thread's own connection, beside a pool the alias may have (connection_pool.py),
+        # closed when the duty ends.
         try:
-            while not self._stop_event.is_set():
-                self._wake_event.clear()
-                self._sleep(self.run_once())
+            connection_pool.outside_pool(self.dialect.using)
+            self.loop()
         finally:
             self.finish()
             connections.close_all()
+
+    def loop(self) -> None:
+        """Tick until stopped (a duty that is no periodic loop overrides this, not run())."""
+        while not self._stop_event.is_set():
+            self._wake_event.clear()
+            self._sleep(self.run_once())
 
     def run_once(self) -> float:
         """Do one tick, bounded, and return the seconds until the next; an error in it is

@@ -102,8 +102,7 @@ class Executor:
         # not): looked up once, since the lookup costs more than the rest of a job's overhead.
         conn = connections[self._alias] if self._alias is not None else None
         if conn is not None and self._return_after_queries:
-            connection_pool.return_after_queries(conn.alias)
-            conn = connections[conn.alias]
+            connection_pool.return_after_queries(conn.alias)  # patches `conn` itself
         if conn is not None and connection_pool.pooled(conn):
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:

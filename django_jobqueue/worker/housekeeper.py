@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import time
 
-from django.db import connections
-
 from ..dialects import Dialect
-from . import connection_pool
 from .duty import Duty
 
 
@@ -30,29 +27,28 @@ class Housekeeper(Duty):
         for member in members:
             member.host = self
 
-    def run(self) -> None:
-        connection_pool.outside_pool(self.dialect.using)
+    def loop(self) -> None:
         due = dict.fromkeys(self.members, 0.0)  # monotonic time of each member's next tick
-        try:
-            while not self._stop_event.is_set():
-                # Cleared before the members' own events are read: a wake() from now on
-                # sets it again, and the sleep below returns at once.
-                self._wake_event.clear()
-                for member in self.members:
-                    if self._stop_event.is_set():
-                        break
-                    due_now = member._wake_event.is_set() or due[member] <= time.monotonic()
-                    if member._stop_event.is_set() or not due_now:
-                        continue
-                    member._wake_event.clear()
-                    member.idle_timeout = self.idle_timeout
-                    due[member] = time.monotonic() + member.run_once()
-                running = [due[m] for m in self.members if not m._stop_event.is_set()]
-                self._sleep(min(running, default=time.monotonic() + 1.0) - time.monotonic())
-        finally:
+        for member in self.members:
+            member.idle_timeout = self.idle_timeout
+        while not self._stop_event.is_set():
+            # Cleared before the members' own events are read: a wake() from now on sets it
+            # again, and the sleep below returns at once.
+            self._wake_event.clear()
             for member in self.members:
-                member.finish()
-            connections.close_all()
+                if self._stop_event.is_set():
+                    break
+                due_now = member._wake_event.is_set() or due[member] <= time.monotonic()
+                if member._stop_event.is_set() or not due_now:
+                    continue
+                member._wake_event.clear()
+                due[member] = time.monotonic() + member.run_once()
+            running = [due[m] for m in self.members if not m._stop_event.is_set()]
+            self._sleep(min(running, default=time.monotonic() + 1.0) - time.monotonic())
+
+    def finish(self) -> None:
+        for member in self.members:
+            member.finish()
 
     def stop_members(self, *, keep: tuple[Duty, ...] = ()) -> None:
         """Stop every member but `keep` (they tick on until this housekeeper stops)."""
