@@ -239,3 +239,43 @@ def test_log_text_escapes_control_characters_and_cuts():
     )
     assert log_text("é ok \u200d") == "é ok \u200d"  # letters and joiners stay as they are
     assert log_text("\n" * 5000, limit=10) == "\\n" * 5 + "[... 4,990 characters cut ...]"
+
+
+def test_a_handler_thread_whose_connect_raises_runs_its_job_and_lives_on(caplog):
+    """A `connection_created` receiver that raises in a handler thread (not a database error:
+    nothing to hand back for) is logged, and the jobs run; before, the thread died with its
+    job claimed and an in-process burst worker waited for it for ever."""
+    import threading
+
+    from django.db.backends.signals import connection_created
+
+    from django_jobqueue.worker import JobWorker, WorkerOptions
+
+    def broken(sender: object, connection: object, **kwargs: object) -> None:
+        if threading.current_thread().name == "jobqueue-exec":
+            raise RuntimeError("a broken connection_created receiver")
+
+    jobs = [jobqueue.enqueue("test.add", {"a": i, "b": 1}) for i in range(3)]
+    ended: list[int] = []
+
+    def run() -> None:
+        try:
+            ended.append(
+                JobWorker(WorkerOptions(burst=True, concurrency=2)).run(install_signals=False)
+            )
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    connection_created.connect(broken, weak=False)
+    try:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(120)
+    finally:
+        connection_created.disconnect(broken)
+    assert not thread.is_alive(), "the burst worker never ended"
+    assert ended == [0]
+    assert [Job.objects.get(pk=job.pk).result for job in jobs] == [1, 2, 3]
+    assert "Could not set up the connection of a handler thread" in caplog.text

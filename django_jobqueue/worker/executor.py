@@ -7,7 +7,10 @@ thread or task that ran it, or `abandon()`.
 
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
-by the handler's first query. A thread left without work for IDLE_CLOSE seconds closes its
+by the handler's first query. Any other error of the connect (a `connection_created` receiver
+that raises, say) is logged and the job runs: its handler's first query meets the error again
+and fails the attempt as usual, so the thread lives on and the job is never left claimed with
+nobody running it. A thread left without work for IDLE_CLOSE seconds closes its
 connections, so that an idle worker holds only its duties' connections.
 """
 
@@ -222,6 +225,11 @@ class Executor:
                     if self._on_no_connection is not None:
                         self._on_no_connection(flight, exc)
                 return False
+            except Exception:
+                # Not the server refusing: retrying or handing back would not help, and the
+                # thread must not die with the job claimed. The handler meets it, or not.
+                logger.exception("Could not set up the connection of a handler thread")
+                return True
             self.connect_failures = 0
             return True
         raise AssertionError("unreachable")
