@@ -347,7 +347,7 @@ def _context(
     if not handler.takes_context:
         return ()
     context = JobContext(
-        flight.job.model(),
+        flight.job,
         flight.lease.attempt,
         flight.lease.owner,
         flight.lease_ttl or conf.lease_ttl,

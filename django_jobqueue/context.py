@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import Callable, Iterable
 from functools import cached_property
@@ -11,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from . import durable
 from .leases import Lease, renew_leases
 from .models import Job
+from .records import ClaimedJob
 
 if TYPE_CHECKING:
     from .dialects import Dialect
 
 
-@dataclasses.dataclass
 class JobContext:
     """What a running job may know and do: its id, attempt, upstream results, lease renewal.
 
@@ -24,46 +23,65 @@ class JobContext:
     ``takes_context=True``; handlers never build one.
 
     Attributes:
-        job: The job row as the worker claimed it.
+        job: The job row as the worker claimed it (a Job instance, built at first access: a
+            handler that never reads it costs no model instance).
         attempt: This attempt's number, from 1 (the lease's generation).
         worker_id: The id of the worker running it.
         lease_ttl: The lease TTL that `renew_lease()` applies: the worker's ``--lease-ttl``,
             else ``JOBQUEUE["LEASE_TTL"]``.
     """
 
-    job: Job
-    attempt: int
-    worker_id: str
-    lease_ttl: float
-    _dialect: Dialect = dataclasses.field(repr=False)
-    _renew: Callable[[], bool] | None = dataclasses.field(default=None, repr=False)
-    # Durable calls (see durable.py): the largest step result, and whether sleeps return at
-    # once (testing.run_jobs with ignore_delays).
-    _max_result_bytes: int | None = dataclasses.field(default=None, repr=False)
-    _ignore_delays: bool = dataclasses.field(default=False, repr=False)
-    # The job's records as read with its claim (None: read at its first durable call).
-    _recorded: dict[tuple[str, int], Any] | None = dataclasses.field(default=None, repr=False)
-    _calls: durable.Calls = dataclasses.field(init=False, repr=False)
-    _progress: durable.Progress = dataclasses.field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._calls = durable.Calls(self._dialect, self.job_id, self.job.has_steps, self._recorded)
+    def __init__(
+        self,
+        job: Job | ClaimedJob,
+        attempt: int,
+        worker_id: str,
+        lease_ttl: float,
+        _dialect: Dialect,
+        _renew: Callable[[], bool] | None = None,
+        # Durable calls (see durable.py): the largest step result, and whether sleeps return
+        # at once (testing.run_jobs with ignore_delays).
+        _max_result_bytes: int | None = None,
+        _ignore_delays: bool = False,
+        # The job's records as read with its claim (None: read at its first durable call).
+        _recorded: dict[tuple[str, int], Any] | None = None,
+    ) -> None:
+        self._job = job
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.lease_ttl = lease_ttl
+        self._dialect = _dialect
+        self._renew = _renew
+        self._max_result_bytes = _max_result_bytes
+        self._ignore_delays = _ignore_delays
+        self.job_id: int = int(job.pk)
+        """The running job's primary key."""
+        self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded)
         self._progress = durable.Progress()
+
+    def __repr__(self) -> str:
+        return (
+            f"JobContext(job_id={self.job_id}, attempt={self.attempt}, "
+            f"worker_id={self.worker_id!r}, lease_ttl={self.lease_ttl})"
+        )
+
+    @property
+    def job(self) -> Job:
+        """The job row as the worker claimed it (the columns a claim reads; the others are
+        deferred and read at first access)."""
+        if isinstance(self._job, ClaimedJob):
+            self._job = self._job.model()
+        return self._job
 
     @property
     def _lease(self) -> Lease:
         return Lease(self.job_id, self.worker_id, self.attempt)
 
-    @property
-    def job_id(self) -> int:
-        """The running job's primary key."""
-        return int(self.job.pk)
-
     @cached_property
     def upstream_results(self) -> dict[int, Any]:
         """Results of the jobs this job depends on, by job id."""
         upstream = Job.objects.using(self._dialect.using).filter(
-            downstream_edges__job_id=self.job.pk
+            downstream_edges__job_id=self.job_id
         )
         return dict(upstream.values_list("pk", "result"))
 
@@ -72,7 +90,7 @@ class JobContext:
         """Whether cancellation of this job was requested (asks the database each time)."""
         return (
             Job.objects.using(self._dialect.using)
-            .filter(pk=self.job.pk, cancel_requested=True)
+            .filter(pk=self.job_id, cancel_requested=True)
             .exists()
         )
 
