@@ -5,7 +5,9 @@ id, owner and generation, without charging the attempt (its generation is taken 
 release does): `scheduled` until the sleep's end, `waiting` for an event or for jobs to be
 final, or `ready` at once when that happened meanwhile. The job then holds no lease, and so
 no place under any limit. The completer records the suspensions of a batch in one
-transaction, as it does successes.
+transaction, as it does successes; where the dialect runs single statements in autocommit
+(PostgreSQL at READ COMMITTED), the batch's plain sleeps go first in one statement
+(`Dialect.suspend_sleeps`), as simple successes do (`finish_simple`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
     no longer current, or BUSY when another transaction holds the row locked (nothing was
     written for it; try again).
     """
+    states: dict[int, str | None] = {}
+    if dialect.autocommit_statements:
+        # Plain sleeps (the commonest suspension) in one statement; what it leaves (a row
+        # locked elsewhere, a lease gone, a cancellation requested) takes the transaction.
+        sleeps = [
+            (lease.job_id, lease.owner, lease.attempt, how.delay, how.records)
+            for lease, how in items
+            if how.kind == "sleep" and how.delay and not how.closes
+        ]
+        if sleeps:
+            suspended = dialect.run_statement(lambda: dialect.suspend_sleeps(sleeps))
+            states = dict.fromkeys(suspended, str(Job.State.SCHEDULED))
+            items = [(lease, how) for lease, how in items if lease.job_id not in states]
+            if not items:
+                return states
 
     def txn() -> dict[int, str | None]:
         jobs = Job.objects.using(dialect.using)
@@ -96,7 +113,8 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
             workflows.notify_on_commit(dialect, queues)
         return states
 
-    return dialect.run_in_transaction(txn)
+    states.update(dialect.run_in_transaction(txn))
+    return states
 
 
 # What every suspension writes: the lease ends, and its attempt is not charged. (Every

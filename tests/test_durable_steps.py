@@ -4,6 +4,7 @@ processes, crashes and limits: tests/test_durable_workers.py."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -300,3 +301,66 @@ def test_a_step_whose_lease_is_gone_records_nothing_and_its_writes_roll_back(los
         ctx.step("second", write)
     assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["first"]
     assert not Order.objects.filter(number="C-1").exists()
+
+
+def test_a_batch_of_sleeps_is_suspended_and_what_cannot_be_is_told_apart():
+    """The completer's batch of suspensions (one statement for plain sleeps on PostgreSQL, a
+    transaction elsewhere and for the rest): a current lease is `scheduled` with its record,
+    its attempt given back and its due time from the database's clock; a job whose
+    cancellation was requested ends `cancelled`; a lease that is gone writes nothing; a
+    zero-second sleep is `ready` at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobqueue import leases, suspensions
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.exceptions import Suspend
+
+    jobs = [jobqueue.enqueue("test.noop") for _ in range(5)]
+    dialect = get_dialect(connection.alias)
+    claimed = {c.id: c for c in leases.claim(dialect, owner="w1", queues=[], limit=5, lease_ttl=30)}
+    assert set(claimed) == {job.pk for job in jobs}
+    sleeping, other, cancelled, lost, now_ = (job.pk for job in jobs)
+    Job.objects.filter(pk=cancelled).update(cancel_requested=True)
+    Job.objects.filter(pk=lost).update(lease_owner="w2")
+
+    def nap(pk: int, delay: float) -> tuple[leases.Lease, Suspend]:
+        record = ("@sleep", 1, {"seconds": delay})
+        return leases.Lease(pk, "w1", claimed[pk].attempts), Suspend(
+            "sleep", delay=delay, records=[record]
+        )
+
+    before = dialect.now()
+    with CaptureQueriesContext(connection) as queries:
+        states = suspensions.suspend_many(
+            dialect,
+            [nap(sleeping, 60), nap(other, 120), nap(cancelled, 60), nap(lost, 60), nap(now_, 0)],
+        )
+    after = dialect.now()
+    if connection.vendor == "postgresql":  # the plain sleeps in one statement, before the rest
+        assert "moved AS (" in queries[0]["sql"]
+        assert len([q for q in queries if "moved AS (" in q["sql"]]) == 1
+    assert states == {sleeping: "scheduled", other: "scheduled", cancelled: "cancelled",
+                      lost: None, now_: "ready"}  # fmt: skip
+    for pk, delay in ((sleeping, 60), (other, 120)):
+        row = Job.objects.get(pk=pk)
+        assert (row.lease_owner, row.lease_expires, row.attempts, row.has_steps) == (
+            None,
+            None,
+            0,
+            True,
+        )
+        assert (
+            before + dt.timedelta(seconds=delay)
+            <= row.run_after
+            <= after + dt.timedelta(seconds=delay)
+        )
+        step = JobStep.objects.get(job_id=pk)
+        assert (step.name, step.seq, step.result, step.attempt) == (
+            "@sleep",
+            1,
+            {"seconds": delay},
+            1,
+        )
+    assert Job.objects.filter(pk=lost, lease_owner="w2", state__in=Job.LEASED_STATES).exists()
+    assert not JobStep.objects.filter(job_id__in=[lost, cancelled]).exists()

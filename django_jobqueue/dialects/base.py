@@ -362,6 +362,15 @@ class Dialect:
         """
         raise NotImplementedError
 
+    def suspend_sleeps(self, items: Sequence[tuple[int, str, int, float, list[Any]]]) -> list[int]:
+        """Suspend, in one autocommit statement, the sleeping jobs of `items` that need
+        nothing else; return the ids of those it suspended (now `scheduled`).
+
+        Each item is (job id, lease owner, attempt, delay in seconds, records). Only where
+        `autocommit_statements`; see PostgreSQLDialect.
+        """
+        raise NotImplementedError
+
     def _atomic(self) -> Any:
         if self.connection.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
