@@ -24,6 +24,10 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15
     BENCH_DB=$db "$PY" -m bench.scale --procs 1 2 4 8
     BENCH_DB=$db "$PY" -m bench.async_io  # beside PGQueuer on pg, with the peers' venv
+    # The ORM-bound job (a read, a write, a 50 ms wait), async against sync handlers, at 32 and 128.
+    for conc in 32 128; do
+        BENCH_DB=$db "$PY" -m bench.async_io --orm --jobs 3000 --seconds 0.05 --concurrency $conc
+    done
     # Server connections against the rate: direct, Django's pool, PgBouncer (PostgreSQL only).
     if [ "$db" = pg ]; then BENCH_DB=pg "$PY" -m bench.connections; fi
 done
