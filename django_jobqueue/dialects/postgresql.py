@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobStep
 from ..records import Finished, FinishReport
-from .base import MAX_DELAY, Dialect
+from .base import Dialect, seconds
 from .functions import DbNow
 
 if TYPE_CHECKING:
@@ -416,7 +416,7 @@ class PostgreSQLDialect(Dialect):
                     "id": job_id,
                     "owner": owner,
                     "attempt": attempt,
-                    "delay": min(max(0.0, delay), MAX_DELAY),
+                    "delay": seconds(delay).total_seconds(),  # clamped as every delay is
                     "records": [{"name": n, "seq": q, "result": r} for n, q, r in records],
                 }
                 for job_id, owner, attempt, delay, records in items
