@@ -14,11 +14,12 @@ A group's weight is the largest `weight` among its ready jobs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
@@ -41,6 +42,9 @@ DEMAND_SHARE = 20
 # Under LIMITS, a group's candidates are its best ready jobs, this many times its slots (and
 # this many more): some may use a resource that has no room.
 OVERFETCH = 4
+# The candidates' statements kept compiled (one per ready shape, skipped resources and count).
+CANDIDATE_SQL_KEPT = 64
+_GROUP_MARK = "\x00group"  # the group's place among the compiled statement's parameters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +127,8 @@ class FairShare:
         self.refresh = settings.fair_share_refresh
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
+        self._candidate_sql: dict[Any, tuple[str, list[Any], int]] = {}
+        self._ordered_key: Any = None
         self._several = False  # whether several groups had ready work, at the last look
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
@@ -276,6 +282,7 @@ class FairShare:
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
+        self._ordered_key = (ready, tuple(sorted(full)) if queue_room else ())
         take = self._take_with_resources if self.resources else self._take_planned
         rows = _trim_to_queue_room(
             take(dialect, ordered, limit, demand, in_flight, room), queue_room
@@ -363,11 +370,7 @@ class FairShare:
         skip = self.resources.skipped()  # found without room a moment ago
         base = ordered.exclude(uses__has_any_keys=skip) if skip else ordered
         fetched = {
-            group: list(
-                dialect.lock(base.filter(group_key=group)).values_list(
-                    "pk", "queue", "group_key", "uses"
-                )[: n * OVERFETCH + OVERFETCH]
-            )
+            group: self._candidates(dialect, base, (self._ordered_key, tuple(skip)), group, n)
             for group, n in slots.items()
         }
         self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
@@ -386,6 +389,32 @@ class FairShare:
                         rows.append((pk, queue, group_key))
                         taken[group] = taken.get(group, 0) + 1
         return rows
+
+    def _candidates(
+        self, dialect: Dialect, base: JobQuerySet, key: Any, group: str, slots: int
+    ) -> list[tuple[int, str, str, dict[str, int] | None]]:
+        """Lock the best ready jobs of `group` in `base`, more than its `slots`; return their
+        (id, queue, group, uses). `key` tells `base` from the other querysets a claim may
+        use: its SQL is compiled by the ORM once per key and count (the group a parameter)."""
+        count = slots * OVERFETCH + OVERFETCH
+        cache_key = (key, count)
+        if cache_key not in self._candidate_sql:
+            if len(self._candidate_sql) >= CANDIDATE_SQL_KEPT:
+                self._candidate_sql.clear()
+            query = dialect.lock(base.filter(group_key=_GROUP_MARK)).values_list(
+                "pk", "queue", "group_key", "uses"
+            )[:count]
+            sql, params = dialect.compile_query(query)
+            self._candidate_sql[cache_key] = (sql, params, params.index(_GROUP_MARK))
+        sql, params, at = self._candidate_sql[cache_key]
+        params = list(params)
+        params[at] = group
+        with dialect.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [
+                (pk, queue, group_key, json.loads(uses) if isinstance(uses, str) else uses)
+                for pk, queue, group_key, uses in cursor.fetchall()
+            ]
 
     def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
         now = time.monotonic()
