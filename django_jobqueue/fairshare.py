@@ -397,7 +397,7 @@ class FairShare:
         (id, queue, group, uses). `key` tells `base` from the other querysets a claim may
         use: its SQL is compiled by the ORM once per key and count (the group a parameter)."""
         count = slots * OVERFETCH + OVERFETCH
-        cache_key = (key, count)
+        cache_key = (dialect.using, key, count)
         if cache_key not in self._candidate_sql:
             if len(self._candidate_sql) >= CANDIDATE_SQL_KEPT:
                 self._candidate_sql.clear()
