@@ -14,7 +14,6 @@ A group's weight is the largest `weight` among its ready jobs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 import time
@@ -25,6 +24,7 @@ from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
 from . import pausing, quotas
+from .dialects.base import read_json
 from .models import ConcurrencyLimit, Job, JobQuerySet
 from .ratelimits import RateLimits
 
@@ -128,7 +128,6 @@ class FairShare:
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
         self._candidate_sql: dict[Any, tuple[str, list[Any], int]] = {}
-        self._ordered_key: Any = None
         self._several = False  # whether several groups had ready work, at the last look
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
@@ -282,11 +281,14 @@ class FairShare:
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
-        self._ordered_key = (ready, tuple(sorted(full)) if queue_room else ())
-        take = self._take_with_resources if self.resources else self._take_planned
-        rows = _trim_to_queue_room(
-            take(dialect, ordered, limit, demand, in_flight, room), queue_room
-        )
+        if self.resources:
+            shape = (ready, tuple(sorted(full)) if queue_room else ())
+            picked = self._take_with_resources(
+                dialect, ordered, shape, limit, demand, in_flight, room
+            )
+        else:
+            picked = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
+        rows = _trim_to_queue_room(picked, queue_room)
         if self.rate_limits:
             taken: dict[str, int] = {}
             for _, _, group in rows:
@@ -354,6 +356,7 @@ class FairShare:
         self,
         dialect: Dialect,
         ordered: JobQuerySet,
+        shape: Any,
         limit: int,
         demand: list[GroupDemand],
         in_flight: Mapping[str, int],
@@ -365,12 +368,13 @@ class FairShare:
         The resources are locked once, in name order, for all the candidates: a claim never
         waits for a resource row while holding another out of order. Slots a group's
         candidates could not fill go to the other groups' candidates that can start.
+        `shape` tells `ordered` from the other querysets a claim may build.
         """
         slots = plan(limit, demand, in_flight, room)
         skip = self.resources.skipped()  # found without room a moment ago
         base = ordered.exclude(uses__has_any_keys=skip) if skip else ordered
         fetched = {
-            group: self._candidates(dialect, base, (self._ordered_key, tuple(skip)), group, n)
+            group: self._candidates(dialect, base, (shape, tuple(skip)), group, n)
             for group, n in slots.items()
         }
         self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
@@ -412,7 +416,7 @@ class FairShare:
         with dialect.connection.cursor() as cursor:
             cursor.execute(sql, params)
             return [
-                (pk, queue, group_key, json.loads(uses) if isinstance(uses, str) else uses)
+                (pk, queue, group_key, read_json(uses))
                 for pk, queue, group_key, uses in cursor.fetchall()
             ]
 

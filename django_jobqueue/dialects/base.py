@@ -167,7 +167,7 @@ class Dialect:
             cursor.execute(
                 f"SELECT uses FROM {table} WHERE lease_expires IS NOT NULL AND {sql}", params
             )
-            return [json.loads(u) if isinstance(u, str) else u for (u,) in cursor.fetchall()]
+            return [read_json(u) for (u,) in cursor.fetchall()]
 
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL true for a job whose `uses` names one of `names`."""
@@ -765,6 +765,11 @@ class Dialect:
                 continue  # this attempt failed (reclaimed): not finished by the lease
             found[pk] = str(state)
         return found
+
+
+def read_json(value: Any) -> Any:
+    """A JSON column's value as read by a raw cursor: text on some backends, parsed on others."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _claim_fields(model: Any) -> list[Field[Any, Any]]:
