@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError
 
 from . import events, validation
+from .dialects.base import read_json
 from .exceptions import (
     InvalidJobError,
     LeaseLost,
@@ -107,12 +108,7 @@ def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
         return
     cap = PRELOAD_ROWS * len(ids)
     try:
-        rows = list(
-            JobStep.objects.using(dialect.using)
-            .filter(job_id__in=ids)
-            .order_by("job_id")
-            .values_list("job_id", "name", "seq", "result")[: cap + 1]
-        )
+        rows = _read_records(dialect, ids, cap + 1)
     except (DatabaseError, InterfaceError) as exc:
         logger.debug("Could not read the records of %s claimed job(s): %s", len(ids), exc)
         return
@@ -125,6 +121,29 @@ def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
     for job in jobs:
         if job.has_steps and (complete_below is None or job.id < complete_below):
             job.records = found[job.id]
+
+
+def _read_records(dialect: Dialect, ids: list[int], limit: int) -> list[tuple[Any, ...]]:
+    """The first `limit` records of the jobs `ids`, in job order: (job id, name, seq, result).
+
+    Its statement is compiled by the ORM once per number of ids and kept (a claim reads the
+    records of each batch of resumed jobs: compiling it each time cost more than its run).
+    """
+    key = ("read_records", len(ids), limit)
+    if key not in dialect._sql_cache:
+        query = (
+            JobStep.objects.using(dialect.using)
+            .filter(job_id__in=ids)
+            .order_by("job_id")
+            .values_list("job_id", "name", "seq", "result")[:limit]
+        )
+        sql, params = dialect.compile_query(query)
+        assert params == ids, "the ids must be the statement's only parameters"
+        dialect._sql_cache[key] = (sql, [])
+    sql, _ = dialect._sql_cache[key]
+    with dialect.connection.cursor() as cursor:
+        cursor.execute(sql, ids)
+        return [(pk, name, seq, read_json(result)) for pk, name, seq, result in cursor.fetchall()]
 
 
 def fence(dialect: Dialect, lease: Lease) -> None:

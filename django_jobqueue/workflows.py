@@ -461,6 +461,11 @@ def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
 
 def promote_due(dialect: Dialect, *, batch: int) -> int:
     """Make up to `batch` due scheduled jobs `ready`, earliest first; return how many."""
+    if dialect.autocommit_statements and not dialect.connection.in_atomic_block:
+        queues = dialect.run_statement(lambda: dialect.promote_due(batch))
+        for queue in sorted(queues):
+            wake.notify(dialect.using, queue)
+        return sum(queues.values())
 
     def txn() -> int:
         jobs = Job.objects.using(dialect.using)

@@ -409,6 +409,38 @@ def test_promote_makes_only_due_scheduled_jobs_ready(dialect):
     assert states[waiting.pk] == Job.State.WAITING
 
 
+def test_a_promotion_wakes_the_workers_of_its_queues_here_and_elsewhere(dialect, monkeypatch):
+    """A promotion tells this process's idle workers (wake.notify) of each queue it made ready
+    and, where the database can push (PostgreSQL's NOTIFY, sent by the promoting statement
+    itself), the workers of every other process; a promotion of nothing tells no one."""
+    from django.db import connections
+
+    from django_jobqueue import wake
+
+    woken: list[str] = []
+    monkeypatch.setattr(wake, "notify", lambda using, queue: woken.append(queue))
+    now = dialect.now()
+    for queue in ("mail", "mail", "reports"):
+        JobFactory(state=Job.State.SCHEDULED, queue=queue, run_after=now - dt.timedelta(seconds=1))
+    listener = connections.create_connection("default")  # another session: another process
+    try:
+        listener.set_autocommit(True)
+        pushes = dialect.supports_listen_notify
+        if pushes:
+            with listener.cursor() as cursor:
+                cursor.execute("LISTEN django_jobqueue")
+        assert promote_due(dialect, batch=10) == 3
+        assert sorted(woken) == ["mail", "reports"]
+        if pushes:
+            received = list(listener.connection.notifies(timeout=10, stop_after=2))
+            assert sorted(n.payload for n in received) == ["mail", "reports"]
+        woken.clear()
+        assert promote_due(dialect, batch=10) == 0
+        assert woken == []
+    finally:
+        listener.close()
+
+
 def test_promote_frees_only_waiting_jobs_whose_upstreams_are_all_done(dialect):
     """Dialect.promote(): a waiting job whose upstreams are done becomes ready, or scheduled
     when its run_after lies ahead; one with an unfinished upstream keeps waiting."""

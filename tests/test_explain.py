@@ -332,7 +332,8 @@ def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
     ).update(run_after=timezone.now() - dt.timedelta(seconds=1))
     analyze()
     statements = statements_of(lambda: promote_due(dialect, batch=100))
-    [due] = job_statements(statements, "SELECT")
+    # One statement on PostgreSQL (WITH the due rows, UPDATE them), else a locking SELECT.
+    [due] = job_statements(statements, "SELECT", "WITH")
     used, sorts, plan = explain_sql(due)
     assert SCHEDULED_INDEX in used, plan
     assert not sorts, plan
@@ -511,6 +512,29 @@ def test_the_finish_plan_holds_whatever_the_statistics(statistics: str) -> None:
         scans, plan = full_scans(sql)
         assert not scans, f"{sql[:400]}\n{plan}"
     assert Job.objects.filter(pk__in=[lease.job_id for lease in held], state="done").count() == 20
+
+
+def test_a_batch_of_sleeps_finds_its_rows_by_primary_key(queue_table: None) -> None:
+    """A batch of durable sleeps reads its rows by primary key: a suspension's cost never
+    grows with the table. (Joined to the batch's JSON, of which the planner knows nothing,
+    the lease filter alone once made PostgreSQL read the whole table of a few thousand rows.)"""
+    from django_jobqueue.exceptions import Suspend
+    from django_jobqueue.suspensions import suspend_many
+
+    dialect = get_dialect("default")
+    held = claimed_leases(dialect)
+    items = [
+        (lease, Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})]))
+        for lease in held
+    ]
+    statements = statements_of(lambda: suspend_many(dialect, items))
+    writes = job_statements(statements)
+    assert writes, statements
+    for sql in writes:
+        scans, plan = full_scans(sql)
+        assert not scans, f"{sql[:400]}\n{plan}"
+    ids = [lease.job_id for lease in held]
+    assert Job.objects.filter(pk__in=ids, state="scheduled").count() == 20
 
 
 def test_the_renewal_plan_holds_whatever_the_statistics(statistics: str) -> None:

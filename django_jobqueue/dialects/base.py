@@ -371,6 +371,14 @@ class Dialect:
         """
         raise NotImplementedError
 
+    def promote_due(self, batch: int) -> dict[str, int]:
+        """Make up to `batch` due scheduled jobs `ready` (earliest first), in one autocommit
+        statement that also wakes the other processes' workers; return {queue: how many}.
+
+        Only where `autocommit_statements`; see PostgreSQLDialect.
+        """
+        raise NotImplementedError
+
     def _atomic(self) -> Any:
         if self.connection.in_atomic_block:
             raise RuntimeError("Worker transactions must not run inside another transaction.")
