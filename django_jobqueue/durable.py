@@ -58,6 +58,16 @@ PROGRESS_EVERY = 1.0
 MISSING: Any = object()
 
 
+class Stored:
+    """A record's result as the claim's read returned it, decoded at first use (a resumed
+    sleep only asks whether its record is there)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class Calls:
     """The durable calls of one run: what earlier runs recorded, and the count of each name."""
 
@@ -78,14 +88,21 @@ class Calls:
         self._recorded = recorded
         self._counts: Counter[str] = Counter()
 
-    def next(self, name: str) -> tuple[int, Any]:
-        """Number this run's next call of `name`; return (seq, its record or MISSING)."""
+    def next(self, name: str, *, decode: bool = True) -> tuple[int, Any]:
+        """Number this run's next call of `name`; return (seq, its record or MISSING).
+
+        With `decode=False` a record read with the claim may come back as `Stored` (the
+        caller only asks whether there is one).
+        """
         if self._recorded is None:  # read once, at a run's first durable call
             rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
             self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
         self._counts[name] += 1
         seq = self._counts[name]
-        return seq, self._recorded.get((name, seq), MISSING)
+        found = self._recorded.get((name, seq), MISSING)
+        if decode and type(found) is Stored:
+            found = self._recorded[(name, seq)] = read_json(found.value)
+        return seq, found
 
     def remember(self, name: str, seq: int, result: Any) -> None:
         """Keep the result just recorded (its transaction committed)."""
@@ -108,7 +125,7 @@ def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
         return
     cap = PRELOAD_ROWS * len(ids)
     try:
-        rows = _read_records(dialect, ids, cap + 1)
+        rows = dialect.read_records(ids, cap + 1)
     except (DatabaseError, InterfaceError) as exc:
         logger.debug("Could not read the records of %s claimed job(s): %s", len(ids), exc)
         return
@@ -117,33 +134,10 @@ def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
     complete_below = rows[-1][0] if len(rows) > cap else None
     found: dict[int, dict[tuple[str, int], Any]] = {pk: {} for pk in ids}
     for job_id, name, seq, result in rows:
-        found[job_id][(name, seq)] = result
+        found[job_id][(name, seq)] = Stored(result)
     for job in jobs:
         if job.has_steps and (complete_below is None or job.id < complete_below):
             job.records = found[job.id]
-
-
-def _read_records(dialect: Dialect, ids: list[int], limit: int) -> list[tuple[Any, ...]]:
-    """The first `limit` records of the jobs `ids`, in job order: (job id, name, seq, result).
-
-    Its statement is compiled by the ORM once per number of ids and kept (a claim reads the
-    records of each batch of resumed jobs: compiling it each time cost more than its run).
-    """
-    key = ("read_records", len(ids), limit)
-    if key not in dialect._sql_cache:
-        query = (
-            JobStep.objects.using(dialect.using)
-            .filter(job_id__in=ids)
-            .order_by("job_id")
-            .values_list("job_id", "name", "seq", "result")[:limit]
-        )
-        sql, params = dialect.compile_query(query)
-        assert params == ids, "the ids must be the statement's only parameters"
-        dialect._sql_cache[key] = (sql, [])
-    sql, _ = dialect._sql_cache[key]
-    with dialect.connection.cursor() as cursor:
-        cursor.execute(sql, ids)
-        return [(pk, name, seq, read_json(result)) for pk, name, seq, result in cursor.fetchall()]
 
 
 def fence(dialect: Dialect, lease: Lease) -> None:
@@ -227,7 +221,7 @@ def sleep_until(
         seconds = validation.check_seconds("sleep", seconds)
     elif until is not None:
         until = validation.check_datetime("sleep_until", until)
-    seq, found = ctx._calls.next(SLEEP)
+    seq, found = ctx._calls.next(SLEEP, decode=False)
     # Recorded: the record was written with the suspension, and this run is the resume that
     # the promoter made once the time had come (by the database clock). No clock is read.
     if ctx._ignore_delays or found is not MISSING:

@@ -239,6 +239,7 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
 
     from django_jobqueue import durable, leases
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.dialects.base import read_json
 
     one, two, plain = (jobqueue.enqueue("test.noop") for _ in range(3))
     Job.objects.filter(pk__in=[one.pk, two.pk]).update(has_steps=True)
@@ -250,23 +251,63 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
     with CaptureQueriesContext(connection) as queries:
         durable.preload(dialect, claimed)
     assert len(queries) == 1
-    records = {job.id: job.records for job in claimed}
+
+    def decoded(records):  # as read, the results are decoded at their first use
+        if records is None:
+            return None
+        return {key: read_json(stored.value) for key, stored in records.items()}
+
+    records = {job.id: decoded(job.records) for job in claimed}
     assert records == {
         one.pk: {("fetch", 1): {"page": 1}},
         two.pk: {("fetch", 1): [1, "a"], ("@sleep", 1): None},
         plain.pk: None,  # no records: its run needs no read
     }
+    [resumed] = [job for job in claimed if job.id == two.pk]
+    calls = durable.Calls(dialect, two.pk, True, resumed.records)
+    assert calls.next("fetch") == (1, [1, "a"])
+    assert calls.next("@sleep", decode=False)[1] is not durable.MISSING
     # At most PRELOAD_ROWS a job on average: the read of 2 jobs stops at 3 rows, and the
     # job of the last row read (maybe cut short) reads its own.
     monkeypatch.setattr(durable, "PRELOAD_ROWS", 1)
     for job in claimed:
         job.records = None
     durable.preload(dialect, claimed)
-    assert {job.id: job.records for job in claimed} == {
+    assert {job.id: decoded(job.records) for job in claimed} == {
         one.pk: {("fetch", 1): {"page": 1}},
         two.pk: None,
         plain.pk: None,
     }
+
+
+def test_the_records_of_a_large_claim_are_read_in_one_query_each_time():
+    """A claim of more resumed jobs than a statement's cached parameters (psycopg caches the
+    parsing of statements of at most 50): one read each time, every record found."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobqueue import durable, leases
+    from django_jobqueue.dialects import get_dialect
+
+    jobs = [jobqueue.enqueue("test.noop") for _ in range(70)]
+    Job.objects.update(has_steps=True)
+    JobStep.objects.bulk_create(
+        JobStep(job_id=job.pk, name="@sleep", seq=1, result={"seconds": n}, attempt=1)
+        for n, job in enumerate(jobs)
+    )
+    dialect = get_dialect(connection.alias)
+    claimed = leases.claim(dialect, owner="w", queues=[], limit=70, lease_ttl=30)
+    for _ in range(2):  # the second read uses the statement kept by the first
+        for job in claimed:
+            job.records = None
+        with CaptureQueriesContext(connection) as queries:
+            durable.preload(dialect, claimed)
+        assert len(queries) == 1
+        seconds = {
+            job.id: durable.Calls(dialect, job.id, True, job.records).next("@sleep")[1]
+            for job in claimed
+        }
+        assert seconds == {job.pk: {"seconds": n} for n, job in enumerate(jobs)}
 
 
 @pytest.mark.parametrize("lost", ["reclaimed", "claimed-again"])
