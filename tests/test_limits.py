@@ -207,6 +207,35 @@ def test_a_rate_limited_job_closes_its_resource_and_waits_without_using_its_atte
     assert Job.objects.get(pk=other.pk).state == "done"
 
 
+def test_a_claim_fetches_more_candidates_only_after_refusals_left_it_short():
+    """A claim under LIMITS locks its limit's worth of candidates and one more while none is
+    refused; after refusals left a claim short, the next fetches twice as many (up to
+    fairshare.OVERFETCH times); once none is refused it comes down again. Every job that can
+    start is found."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fair_share, dialect = FairShare(conf.get()), get_dialect("default")
+    busy = [work(uses={"tenant:1": 1}) for _ in range(8)]  # one may start: the rest wait
+    free = [work(uses={f"tenant:{n}": 1}) for n in range(2, 8)]
+
+    def take(limit: int) -> tuple[list[int], set[int]]:
+        with CaptureQueriesContext(connection) as queries:
+            jobs = leases.claim(dialect, owner="w", queues=[], limit=limit, lease_ttl=60,
+                                fair_share=fair_share)  # fmt: skip
+        fetched = {int(n) for q in queries for n in re.findall(r"LIMIT (\d+)", q["sql"])}
+        return [job.pk for job in jobs], fetched
+
+    taken, fetched = take(3)  # 4 candidates, all of tenant 1: one starts, three are refused
+    assert (taken, 4 in fetched) == ([busy[0].pk], True)
+    taken, fetched = take(3)  # twice as many (tenant 1, found full, is skipped a moment)
+    assert (taken, 8 in fetched) == ([j.pk for j in free[:3]], True)
+    taken, fetched = take(3)  # none was refused: back to 4
+    assert (taken, 4 in fetched, 8 in fetched) == ([j.pk for j in free[3:]], True, False)
+
+
 def test_a_worker_looks_again_at_a_capped_resource_once_its_jobs_end():
     """A resource found full is skipped by the next claims for a moment; when the worker's
     own jobs end (its completer recorded them), one held back by its concurrency cap is
