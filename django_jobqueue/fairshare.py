@@ -42,9 +42,9 @@ DEMAND_SHARE = 20
 # Under LIMITS, a group's candidates are its best ready jobs, `f` times its slots and `f` more:
 # some may use a resource that has no room. `f` adapts between 1 and OVERFETCH: it doubles
 # after a claim that refusals left short of its slots, and comes down by one after a claim
-# that refused none, or left half its candidates unused. Each candidate costs its row's lock, the lock of its
-# resources' rows and their count: with every resource free, a claim of 10 locking 44 rows
-# cost PostgreSQL about a third more than one locking 11.
+# that refused none, or left half its candidates unused. Each candidate costs its row's
+# lock, the lock of its resources' rows and their count: with every resource free, a claim
+# of 10 locking 44 rows cost PostgreSQL about a third more than one locking 11.
 OVERFETCH = 4
 # The candidates' statements kept compiled (one per ready shape, skipped resources and count).
 CANDIDATE_SQL_KEPT = 64
