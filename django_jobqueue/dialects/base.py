@@ -612,8 +612,12 @@ class Dialect:
         return sql, [owner, *expires_params, owner]
 
     def claim_columns(self, prefix: str = "") -> str:
-        """The columns a claim returns (CLAIM_FIELDS), for raw SQL."""
-        return ", ".join(prefix + self.qn(str(f.column)) for f in _claim_fields(Job))
+        """The columns a claim returns (CLAIM_FIELDS), for raw SQL (built once per prefix)."""
+        key = ("claim_columns", prefix)
+        if key not in self._sql_cache:
+            columns = ", ".join(prefix + self.qn(str(f.column)) for f in _claim_fields(Job))
+            self._sql_cache[key] = (columns, [])
+        return self._sql_cache[key][0]
 
     def load_claimed(self, rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
         """Build ClaimedJob records from raw rows of `claim_columns()`.
