@@ -474,13 +474,18 @@ class Dialect:
         """
         key = ("claim", shape, limit)
         if shape is None or key not in self._sql_cache:
-            # select_for_update() compiles only inside a transaction (even in autocommit use).
-            with transaction.atomic(using=self.using):
-                self._sql_cache[key] = self.compile_query(
-                    self.lock(ready.order_by("-priority", "pk").values("pk"))[:limit]
-                )
+            self._sql_cache[key] = self.compile_locked(
+                ready.order_by("-priority", "pk").values("pk"), limit
+            )
         sql, params = self._sql_cache[key]
         return sql, list(params)
+
+    def compile_locked(self, queryset: QuerySet[Any], limit: int) -> tuple[str, list[Any]]:
+        """The SQL and parameters of the first `limit` rows of `queryset`, with the claim's
+        row locks (lock()), for a raw statement."""
+        # select_for_update() compiles only inside a transaction (even in autocommit use).
+        with transaction.atomic(using=self.using):
+            return self.compile_query(self.lock(queryset)[:limit])
 
     def promote(self, ids: Sequence[int]) -> set[str]:
         """Make the locked waiting jobs `ids` whose upstreams are all done runnable.

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
@@ -443,8 +443,7 @@ class PostgreSQLDialect(Dialect):
         key = ("promote_due_sql", batch)
         if key not in self._sql_cache:
             due = Job.objects.using(self.using).due().order_by("run_after", "pk").values("pk")
-            with transaction.atomic(using=self.using):  # select_for_update() compiles only so
-                inner, params = self.compile_query(self.lock(due)[:batch])
+            inner, params = self.compile_locked(due, batch)
             now, _ = self.compile(DbNow())
             table = self.qn(Job._meta.db_table)
             self._sql_cache[key] = (
