@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q
 
 from .dialects import Dialect
-from .dialects.base import seconds
+from .dialects.base import LockedResources, seconds
 from .dialects.functions import DbNow
 from .limits import Spec, find, parse_limits, parse_spec
 from .models import Limit, LimitSetting, ResourceStart
@@ -156,10 +156,10 @@ class Resources:
         return True
 
     def _compute_rooms(self, dialect: Dialect, governed: Mapping[str, Spec]) -> dict[str, Room]:
-        rows, now = self._lock(dialect, sorted(governed))
+        capped = sorted(name for name, spec in governed.items() if spec.concurrency is not None)
+        rows, now, uses = self._lock(dialect, sorted(governed), capped)
         closed = {name for name, until in rows if until and until > now}
-        capped = [name for name, spec in governed.items() if spec.concurrency is not None]
-        in_flight = _units_in_flight(dialect, capped)
+        in_flight = _units(uses, capped)
         rated = {name: spec.rate for name, spec in governed.items() if spec.rate}
         started = self._started_in_windows(dialect.using, rated, now)
         rooms = {}
@@ -171,23 +171,22 @@ class Resources:
             rooms[name] = Room(concurrency, rate, name in closed)
         return rooms
 
-    def _lock(
-        self, dialect: Dialect, names: list[str]
-    ) -> tuple[list[tuple[str, dt.datetime | None]], dt.datetime]:
+    def _lock(self, dialect: Dialect, names: list[str], capped: list[str]) -> LockedResources:
         """Lock the `Limit` rows of `names` (made first if missing), in name order, blocking:
         a second claim of the same resource waits, then counts what the first one started.
-        Return each row's (name, closed_until), and the database's time at the lock."""
-        # A resource has its row from its first claim on: then this is one statement. Rows
+        Return each row's (name, closed_until), the database's time at the lock, and the
+        `uses` of the jobs in flight that use a resource of `capped` (read after the lock)."""
+        # A resource has its row from its first claim on: then this is one round trip. Rows
         # found missing are made (ignoring those another claim made meanwhile) and all are
         # locked again. A rare deadlock among claims making rows is retried (is_transient).
-        rows, now = dialect.lock_resources(names)
-        if len(rows) < len(names):
-            found = {row[0] for row in rows}
+        locked = dialect.lock_resources(names, capped)
+        if len(locked.rows) < len(names):
+            found = {row[0] for row in locked.rows}
             Limit.objects.using(dialect.using).bulk_create(
                 [Limit(name=name) for name in names if name not in found], ignore_conflicts=True
             )
-            rows, now = dialect.lock_resources(names)
-        return rows, now
+            locked = dialect.lock_resources(names, capped)
+        return locked
 
     def _started_in_windows(
         self, using: str, rated: Mapping[str, tuple[int, int]], now: dt.datetime
@@ -234,13 +233,11 @@ class Resources:
         self._started = {}
 
 
-def _units_in_flight(dialect: Dialect, names: list[str]) -> dict[str, int]:
-    """The units of each resource of `names` that the leased and running jobs use."""
-    if not names:
-        return {}
+def _units(uses: Iterable[Mapping[str, int] | None], names: list[str]) -> dict[str, int]:
+    """The units of each resource of `names` that the jobs of `uses` (those in flight) hold."""
     wanted, units = set(names), dict[str, int]()
-    for uses in dialect.uses_in_flight(names):
-        for name, n in (uses or {}).items():
+    for used in uses:
+        for name, n in (used or {}).items():
             if name in wanted:
                 units[name] = units.get(name, 0) + n
     return units

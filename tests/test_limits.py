@@ -254,6 +254,112 @@ def test_a_worker_looks_again_at_a_capped_resource_once_its_jobs_end():
     assert fair_share.jobs_ended() is False  # nothing capped is held back any more
 
 
+def _waiting_for_a_lock() -> bool | None:
+    """Whether another session of this database waits to lock a resource's row (None:
+    SQLite, whose writers wait for the write lock, which it cannot show). On MariaDB the wait
+    happens while the statement is planned, before InnoDB lists it as a lock wait: a session
+    still running the lock statement while the holder is idle is the one waiting."""
+    from django.db import connection
+
+    queries = {
+        "postgresql": "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()",
+        "mysql": "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> "
+        "CONNECTION_ID() AND info LIKE '%%django_jobqueue_limit%%FOR UPDATE%%'",
+    }
+    if connection.vendor not in queries:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(queries[connection.vendor])
+        return cursor.fetchone()[0] > 0
+
+
+def test_a_claim_that_waited_for_a_resource_counts_what_the_other_claim_started():
+    """Two claims of one capped resource (`api`, 2): the second waits for the lock the first
+    holds on the resource, then reads the jobs in flight afresh, so it sees the job the first
+    one started while it waited, and starts one more, not two."""
+    import threading
+
+    from django.db import connections
+
+    first, *others = [work(uses={"api": 1}) for _ in range(4)]
+    Limit.objects.get_or_create(name="api")
+    held, let_go = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold() -> None:
+        dialect = get_dialect("default")
+
+        def txn() -> None:
+            list(Limit.objects.select_for_update().filter(name="api").values_list("name"))
+            dialect.mark_claimed([first.pk], owner="first", lease_ttl=60)
+            held.set()
+            let_go.wait(60)
+
+        try:
+            dialect.run_in_transaction(txn)
+        finally:
+            held.set()
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            outcome["taken"] = claim(owner="second")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=second)]
+    threads[0].start()
+    try:
+        assert held.wait(60)
+        threads[1].start()
+        deadline = time.monotonic() + 30
+        while _waiting_for_a_lock() is False and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _waiting_for_a_lock() is None:
+            time.sleep(0.5)  # SQLite: the second claim waits for the write lock by then
+        else:
+            assert _waiting_for_a_lock(), "the second claim never waited for the resource"
+    finally:
+        let_go.set()
+        for thread in threads:
+            thread.join(60)
+    taken = outcome["taken"]
+    assert isinstance(taken, list) and len(taken) == 1 and taken[0] in [j.pk for j in others]
+    in_flight = Job.objects.filter(state="running").count()
+    assert in_flight == 2
+
+
+def test_on_postgresql_a_claim_sends_its_bounds_and_its_lock_with_other_statements():
+    """PostgreSQL, a worker's claim under LIMITS: the transaction's lock bounds travel with its
+    first statement, and the resources' lock with the read of the jobs in flight (a simple
+    query of several statements: one round trip each, not two)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's round trips")
+    work(uses={"api": 1})
+    work(uses={"tenant:3": 1})
+    Limit.objects.bulk_create([Limit(name="api"), Limit(name="tenant:3")])  # as after a first use
+    dialect = get_dialect("default")
+    dialect.bound_waits(3.0, 11.0)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            claimed = leases.claim(dialect, owner="w", queues=[], limit=10, lease_ttl=60,
+                                   fair_share=FairShare(conf.get()))  # fmt: skip
+    finally:
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+    assert len(claimed) == 2
+    sqls = [q["sql"] for q in queries.captured_queries]
+    [bounds] = [sql for sql in sqls if "set_config('lock_timeout'" in sql]
+    assert bounds.startswith("SELECT set_config('lock_timeout', '3000ms', true), set_config(")
+    assert "; SELECT " in bounds  # the transaction's first statement, in the same query
+    [lock] = [sql for sql in sqls if '"django_jobqueue_limit"' in sql and "FOR UPDATE" in sql]
+    assert "; SELECT uses FROM" in lock
+
+
 def test_rate_limited_on_a_resource_no_limit_governs_holds_back_only_its_job(caplog):
     limited = jobqueue.enqueue(
         "limits.rate_limited_once", {"resource": "elsewhere", "retry_after": 30}, max_attempts=1

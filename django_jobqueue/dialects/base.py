@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.core import checks
 from django.db import DatabaseError, connections, transaction
@@ -72,6 +72,15 @@ def seconds(value: float) -> dt.timedelta:
 
 class TransientDatabaseError(DatabaseError):
     """A write transaction kept failing on lock contention after bounded retries."""
+
+
+class LockedResources(NamedTuple):
+    """The `Limit` rows a claim locked: each one's (name, closed_until), the database's time at
+    the lock, and the `uses` of the jobs in flight that use them (read after the lock)."""
+
+    rows: list[tuple[str, dt.datetime | None]]
+    now: dt.datetime
+    uses: list[dict[str, int]]
 
 
 class Dialect:
@@ -140,34 +149,46 @@ class Dialect:
     # How a SELECT waits for and locks its rows (none on SQLite: its writers take turns).
     blocking_lock_sql = " FOR UPDATE"
 
-    def lock_resources(
-        self, names: Sequence[str]
-    ) -> tuple[list[tuple[str, dt.datetime | None]], dt.datetime]:
-        """Lock the existing `Limit` rows of `names`, in name order, waiting for their holders.
+    def lock_resources(self, names: Sequence[str], capped: Sequence[str] = ()) -> LockedResources:
+        """Lock the existing `Limit` rows of `names`, in name order, waiting for their holders;
+        then read the `uses` of the jobs in flight that use any resource of `capped`.
 
-        Return each row's (name, closed_until), and the database's time.
+        Return each row's (name, closed_until), the database's time at the lock, and those
+        `uses`. The jobs in flight are read by a statement of its own, after the lock: at READ
+        COMMITTED it sees what the claims it waited for committed.
         """
+        statements = [self.lock_resources_sql(names)]
+        if capped:
+            statements.append(self.uses_in_flight_sql(capped))
+        results = []
+        with self.connection.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                results.append(cursor.fetchall())
+        return self._locked_resources(results[0], results[1] if capped else [])
+
+    def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        """The statement of `lock_resources` that locks the rows (and reads the clock)."""
         clock, params = self.clock_sql()
         marks = ", ".join(["%s"] * len(names))
         sql = (
             f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
             f"WHERE name IN ({marks}) ORDER BY name{self.blocking_lock_sql}"
         )
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [*params, *names])
-            rows = cursor.fetchall()
-        now = aware(rows[0][2]) if rows else self.now()
-        return [(name, aware(until) if until else None) for name, until, _ in rows], now
+        return sql, [*params, *names]
 
-    def uses_in_flight(self, names: Sequence[str]) -> list[dict[str, int]]:
+    def uses_in_flight_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """The `uses` of the leased and running jobs that use any resource of `names`."""
         sql, params = self.uses_any_sql(names)
         table = self.qn(Job._meta.db_table)
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT uses FROM {table} WHERE lease_expires IS NOT NULL AND {sql}", params
-            )
-            return [read_json(u) for (u,) in cursor.fetchall()]
+        return f"SELECT uses FROM {table} WHERE lease_expires IS NOT NULL AND {sql}", params
+
+    def _locked_resources(
+        self, rows: list[tuple[Any, ...]], uses: list[tuple[Any, ...]]
+    ) -> LockedResources:
+        now = aware(rows[0][2]) if rows else self.now()
+        locked = [(name, aware(until) if until else None) for name, until, _ in rows]
+        return LockedResources(locked, now, [read_json(u) for (u,) in uses])
 
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL true for a job whose `uses` names one of `names`."""

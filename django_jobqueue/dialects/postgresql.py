@@ -15,8 +15,25 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobStep
 from ..records import Finished, FinishReport
-from .base import Dialect, seconds
+from .base import Dialect, LockedResources, seconds
 from .functions import DbNow
+
+try:
+    from psycopg import ClientCursor
+
+    _CLIENT_CURSORS: tuple[type, ...] = (ClientCursor,)
+except ImportError:  # psycopg2: its statements are sent apart
+    _CLIENT_CURSORS = ()
+
+
+def _client_side(cursor: Any) -> Any | None:
+    """The driver's cursor under Django's `cursor` if it binds parameters on the client
+    (psycopg 3 without server_side_binding, Django's default), else None. Such a cursor sends
+    a query of several statements as one simple query: one round trip, each statement with a
+    snapshot of its own at READ COMMITTED; `nextset()` steps to the next one's result."""
+    raw = cursor.cursor
+    return raw if isinstance(raw, _CLIENT_CURSORS) else None
+
 
 if TYPE_CHECKING:
     from ..records import ClaimedJob
@@ -73,6 +90,36 @@ class PostgreSQLDialect(Dialect):
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         return "uses ?| %s", [list(names)]
 
+    def lock_resources(self, names: Sequence[str], capped: Sequence[str] = ()) -> LockedResources:
+        # The lock and the read of the jobs in flight in one round trip: two statements, so
+        # the read still takes its snapshot once the lock is held.
+        statements = [self.lock_resources_sql(names)]
+        if capped:
+            statements.append(self.uses_in_flight_sql(capped))
+        results = self._execute_together(statements)
+        return self._locked_resources(results[0], results[1] if capped else [])
+
+    def _execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+        """Run `statements` in order, each with its own snapshot, and return each one's rows:
+        in one round trip where the cursor allows (`_client_side`), else one after the other."""
+        results = []
+        with self.connection.cursor() as cursor:
+            raw = _client_side(cursor)
+            if len(statements) > 1 and raw is not None:
+                cursor.execute(
+                    "; ".join(sql for sql, _ in statements),
+                    [p for _, params in statements for p in params],
+                )
+                for n in range(len(statements)):
+                    if n:
+                        raw.nextset()
+                    results.append(cursor.fetchall())
+                return results
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                results.append(cursor.fetchall())
+        return results
+
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__
         # psycopg 3 names it sqlstate, psycopg2 pgcode.
@@ -83,15 +130,34 @@ class PostgreSQLDialect(Dialect):
     def transaction_waits(self, lock_timeout: float, idle_timeout: float | None) -> Iterator[None]:
         # Transaction-local (set_config(..., true) is SET LOCAL): a session-level SET would stay
         # on the server connection, which a transaction-mode pooler (PgBouncer) then hands to
-        # other clients. One statement for both settings: one round trip.
+        # other clients. Both settings in one statement, sent with the transaction's first one
+        # where the cursor binds parameters on the client (Django's default): a simple query
+        # of two statements, one round trip, the settings in force before the second runs.
         values = [("lock_timeout", lock_timeout)]
         if idle_timeout:
             values.append(("idle_in_transaction_session_timeout", idle_timeout))
-        sql = ", ".join("set_config(%s, %s, true)" for _ in values)
-        params = [p for name, value in values for p in (name, f"{max(1, int(value * 1000))}ms")]
-        with self.connection.cursor() as cursor:
-            cursor.execute(f"SELECT {sql}", params)
-        yield
+        settings = ", ".join(
+            f"set_config('{name}', '{max(1, int(value * 1000))}ms', true)" for name, value in values
+        )
+        waits = f"SELECT {settings}"
+        pending = True
+
+        def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal pending
+            if not pending:
+                return execute(sql, params, many, context)
+            pending = False
+            cursor = context["cursor"]
+            raw = _client_side(cursor)
+            if many or raw is None:
+                cursor.execute(waits)
+                return execute(sql, params, many, context)
+            result = execute(f"{waits}; {sql}", params, many, context)
+            raw.nextset()  # the statement's own result
+            return result
+
+        with self.connection.execute_wrapper(first):
+            yield
 
     @contextmanager
     def statement_timeout(self, timeout: float) -> Iterator[None]:
