@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import functools
 import json
 import os
 import select
@@ -252,6 +254,59 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # Seconds stop() waits for a worker to register before it sends SIGTERM.
 START_WAIT = 60.0
 
+# Worker processes running at once in a lane, across its pytest-xdist processes: each holds
+# about WORKER_CONNECTIONS server connections (dispatcher, completer, heartbeat, housekeeper,
+# handlers; on PostgreSQL the listener and the maintainer too), and four test processes
+# running worker-heavy tests side by side came within a dozen of PostgreSQL's default of 100
+# (`max_connections`). The test processes, the fork server and the server's reserve keep
+# RESERVED_CONNECTIONS. A worker that finds no slot within SLOT_WAIT seconds starts anyway.
+WORKER_CONNECTIONS = 8
+RESERVED_CONNECTIONS = 25
+SLOT_WAIT = 120.0
+
+
+@functools.cache
+def worker_slots() -> int | None:
+    """How many worker processes may run at once in this lane (None: no bound, on SQLite)."""
+    queries = {"postgresql": "SHOW max_connections", "mysql": "SELECT @@max_connections"}
+    if connection.vendor not in queries:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(queries[connection.vendor])
+        most = int(cursor.fetchone()[0])
+    return max(2, (most - RESERVED_CONNECTIONS) // WORKER_CONNECTIONS)
+
+
+class WorkerSlot:
+    """One of the lane's `worker_slots()`: a file lock, which a test process that dies gives
+    back with its other files."""
+
+    def __init__(self) -> None:
+        self._file: Any = None
+        slots = worker_slots()
+        if slots is None:
+            return
+        state = os.environ.get("JOBQUEUE_TEST_STATE") or tempfile.gettempdir()
+        directory = Path(state) / f"worker-slots-{connection.vendor}"
+        directory.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + SLOT_WAIT
+        while time.monotonic() < deadline:
+            for number in range(slots):
+                handle = (directory / f"slot-{number}").open("a")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    handle.close()
+                    continue
+                self._file = handle
+                return
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
 
 class WorkerProcess:
     """A `manage.py jobqueue_worker` process on the test database.
@@ -263,23 +318,25 @@ class WorkerProcess:
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
+        self.slot = WorkerSlot()  # given back once the process is seen to have exited
         self._log = log.open("w")
         self.proc: subprocess.Popen[bytes] | ForkedProcess
-        if set(env or ()) <= SETTINGS_ENV and "--reload" not in args:
-            try:
+        try:
+            if set(env or ()) <= SETTINGS_ENV and "--reload" not in args:
                 self.proc = fork_server().start(args, log, env or {})
-            except BaseException:
-                self._log.close()
-                raise
-            return
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "jobqueue_worker", *args],
-            cwd=ROOT,
-            env=worker_environment(env),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+                return
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "django", "jobqueue_worker", *args],
+                cwd=ROOT,
+                env=worker_environment(env),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._log.close()
+            self.slot.release()
+            raise
 
     @property
     def pid(self) -> int:
@@ -290,7 +347,9 @@ class WorkerProcess:
 
     def wait(self, timeout: float = 120.0) -> int:
         try:
-            return self.proc.wait(timeout)
+            status = self.proc.wait(timeout)
+            self.slot.release()
+            return status
         except subprocess.TimeoutExpired as exc:
             self.kill()
             raise AssertionError(
@@ -314,7 +373,10 @@ class WorkerProcess:
         return poll(registered, timeout)
 
     def running(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc.poll() is None:
+            return True
+        self.slot.release()
+        return False
 
     def stop(self, timeout: float = 120.0) -> int:
         """Send SIGTERM once the worker has registered, and return the exit status.
@@ -348,6 +410,7 @@ class WorkerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self.slot.release()
 
     def close(self) -> None:
         self._log.close()
