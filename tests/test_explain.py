@@ -546,6 +546,52 @@ def test_a_batch_of_sleeps_finds_its_rows_by_primary_key(queue_table: None) -> N
     assert Job.objects.filter(pk__in=ids, state="scheduled").count() == 20
 
 
+def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
+    """A claim of 100 jobs, the finish of 50 and the sleeps of 50 of them, and a promotion of
+    100 due jobs find the rows they mark by primary key: their cost never grows with the
+    table. (PostgreSQL joined the rows a claim had locked to the table it marks them in by a
+    hash join over a read of the whole table, once a batch came to about a hundredth of the
+    table: each claim of a drain of 10,000 jobs read all of them.)"""
+    from django_jobqueue import leases
+    from django_jobqueue.exceptions import Suspend
+    from django_jobqueue.suspensions import suspend_many
+    from django_jobqueue.workflows import promote_due
+
+    dialect = get_dialect("default")
+    Job.objects.bulk_create(Job(type="test.noop", state=Job.State.READY) for _ in range(300))
+    due = timezone.now() - dt.timedelta(seconds=1)
+    Job.objects.bulk_create(
+        Job(type="test.noop", state=Job.State.SCHEDULED, run_after=due) for _ in range(300)
+    )
+    analyze()
+
+    def scan_free(action: Any) -> Any:
+        outcome: list[Any] = []
+        statements = job_statements(statements_of(lambda: outcome.append(action())))
+        assert statements
+        for sql in statements:
+            scans, plan = full_scans(sql)
+            assert not scans, f"{sql[:400]}\n{plan}"
+        return outcome[0]
+
+    claimed = scan_free(
+        lambda: leases.claim(dialect, owner="explain", queues=[], limit=100, lease_ttl=30)
+    )
+    assert len(claimed) == 100
+    finishing, sleeping = claimed[:50], claimed[50:]
+    scan_free(
+        lambda: leases.finish_many(
+            dialect, "explain", [(j.id, j.attempts, None) for j in finishing]
+        )
+    )
+    sleep = Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})])
+    leases_ = [leases.Lease(j.id, "explain", j.attempts) for j in sleeping]
+    scan_free(lambda: suspend_many(dialect, [(lease, sleep) for lease in leases_]))
+    assert scan_free(lambda: promote_due(dialect, batch=100)) == 100
+    assert Job.objects.filter(pk__in=[j.id for j in finishing], state="done").count() == 50
+    assert Job.objects.filter(pk__in=[j.id for j in sleeping], state="scheduled").count() == 50
+
+
 def test_the_renewal_plan_holds_whatever_the_statistics(statistics: str) -> None:
     from django_jobqueue import leases
 

@@ -335,8 +335,10 @@ class PostgreSQLDialect(Dialect):
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
         sql = (
-            f"WITH c (id) AS ({inner}) UPDATE {table} AS j SET {sets} FROM c WHERE j.id = c.id "
-            f"RETURNING {self.claim_columns('j.')}"
+            # The locked rows by primary key (an array): joined to the CTE instead, a batch of
+            # about a hundredth of the table was marked through a read of the whole table.
+            f"WITH c (id) AS ({inner}) UPDATE {table} AS j SET {sets} "
+            f"WHERE j.id = ANY(ARRAY(SELECT id FROM c)) RETURNING {self.claim_columns('j.')}"
         )
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [*params, *set_params])
@@ -516,7 +518,7 @@ class PostgreSQLDialect(Dialect):
                 f"""
                 WITH due (id) AS ({inner}), moved AS (
                     UPDATE {table} AS j SET state = 'ready', updated_at = {now}
-                    FROM due WHERE j.id = due.id
+                    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
                     RETURNING j.queue
                 )
                 SELECT queue, COUNT(*), pg_notify(%s, queue) FROM moved GROUP BY queue
