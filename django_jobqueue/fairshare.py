@@ -301,6 +301,10 @@ class FairShare:
             self._starts = (taken, rated, {d.group: d.ready for d in demand})
         return [pk for pk, _, _ in rows]
 
+    def has_starts_to_record(self) -> bool:
+        """Whether `record_starts()` has anything to write for the last `select()`."""
+        return self._starts is not None or (bool(self.resources) and self.resources.started())
+
     def record_starts(self, dialect: Dialect) -> None:
         """Count the rate-limited starts of the last `select()`, once its jobs are marked.
 

@@ -160,7 +160,8 @@ def claim(
                 ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
             )
         rows = fair_share.select(dialect, ready, limit, dynamic)
-        claimed = dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl)
+        last = not fair_share.has_starts_to_record()  # then the marking ends the transaction
+        claimed = dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl, last=last)
         fair_share.record_starts(dialect)  # counted after the jobs' started_at was stamped
         return claimed
 

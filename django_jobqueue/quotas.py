@@ -213,6 +213,10 @@ class Resources:
                 self.retry_at = soonest if self.retry_at is None else min(self.retry_at, soonest)
         return started
 
+    def started(self) -> bool:
+        """Whether the last claim took rate-limited units, which `record_starts` records."""
+        return bool(self._started)
+
     def record_starts(self, dialect: Dialect) -> None:
         """Count the rate-limited units the last claim started, at a clock read after the
         claim stamped its jobs (see FairShare.record_starts), and forget old windows."""

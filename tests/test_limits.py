@@ -358,6 +358,8 @@ def test_on_postgresql_a_claim_sends_its_bounds_and_its_lock_with_other_statemen
     assert "; SELECT " in bounds  # the transaction's first statement, in the same query
     [lock] = [sql for sql in sqls if '"django_jobqueue_limit"' in sql and "FOR UPDATE" in sql]
     assert "; SELECT uses FROM" in lock
+    [mark] = [sql for sql in sqls if sql.startswith('UPDATE "django_jobqueue_job"')]
+    assert mark.endswith("; COMMIT")  # nothing follows the marking in the claim's transaction
 
 
 def test_rate_limited_on_a_resource_no_limit_governs_holds_back_only_its_job(caplog):

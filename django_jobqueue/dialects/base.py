@@ -698,8 +698,14 @@ class Dialect:
         rows = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
         return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
 
-    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
-        """Mark the locked jobs `ids` running under a new lease of `owner`; return them."""
+    def mark_claimed(
+        self, ids: list[int], *, owner: str, lease_ttl: float, last: bool = False
+    ) -> list[ClaimedJob]:
+        """Mark the locked jobs `ids` running under a new lease of `owner`; return them.
+
+        `last`: the caller runs nothing more in its transaction (run_in_transaction's), so a
+        dialect may commit it with this statement; here it is committed as ever, after it.
+        """
         if not ids:
             return []
         rows = Job.objects.using(self.using).filter(pk__in=ids).values_list(*CLAIM_FIELDS)

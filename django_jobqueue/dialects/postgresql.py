@@ -99,6 +99,12 @@ class PostgreSQLDialect(Dialect):
         results = self._execute_together(statements)
         return self._locked_resources(results[0], results[1] if capped else [])
 
+    def _ends_with_this(self, cursor: Any) -> bool:
+        """Whether the next statement of `cursor` may carry the COMMIT of its transaction
+        (run_in_transaction's, which never runs inside another): where a query of several
+        statements is possible (`_client_side`)."""
+        return _client_side(cursor) is not None and self.connection.in_atomic_block
+
     def _execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
         """Run `statements` in order, each with its own snapshot, and return each one's rows:
         in one round trip where the cursor allows (`_client_side`), else one after the other."""
@@ -346,7 +352,9 @@ class PostgreSQLDialect(Dialect):
         rows.sort(key=lambda r: (-r.priority, r.id))
         return rows
 
-    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+    def mark_claimed(
+        self, ids: list[int], *, owner: str, lease_ttl: float, last: bool = False
+    ) -> list[ClaimedJob]:
         if not ids:
             return []
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
@@ -357,6 +365,10 @@ class PostgreSQLDialect(Dialect):
         )
         order = {pk: n for n, pk in enumerate(ids)}
         with self.connection.cursor() as cursor:
+            if last and self._ends_with_this(cursor):
+                # The COMMIT in the same query, a round trip fewer; Django's commit at the end
+                # of the block then finds no transaction open, and sends nothing.
+                sql += "; COMMIT"
             cursor.execute(sql, [*set_params, ids])
             claimed = self.load_claimed(cursor.fetchall())
         claimed.sort(key=lambda r: order[r.id])

@@ -174,7 +174,9 @@ class SQLiteDialect(Dialect):
         inner, params = self.compile_claim(ready, limit, shape)
         return self._update_returning(f"id IN ({inner})", params, owner, lease_ttl)
 
-    def mark_claimed(self, ids: list[int], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
+    def mark_claimed(
+        self, ids: list[int], *, owner: str, lease_ttl: float, last: bool = False
+    ) -> list[ClaimedJob]:
         if not self.can_return_rows_from_update or not ids:
             return super().mark_claimed(ids, owner=owner, lease_ttl=lease_ttl)
         order = {pk: n for n, pk in enumerate(ids)}
