@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import DatabaseError, connection, connections
 
 from tests.forkserver import SETTINGS_ENV
@@ -259,10 +260,12 @@ START_WAIT = 60.0
 # handlers; on PostgreSQL the listener and the maintainer too), and four test processes
 # running worker-heavy tests side by side came within a dozen of PostgreSQL's default of 100
 # (`max_connections`). The test processes, the fork server and the server's reserve keep
-# RESERVED_CONNECTIONS. A worker that finds no slot within SLOT_WAIT seconds starts anyway.
+# RESERVED_CONNECTIONS. A worker that finds no slot within SLOT_WAIT seconds starts anyway:
+# tests take their slots one worker at a time, so tests that each hold some and want more
+# could otherwise wait for each other.
 WORKER_CONNECTIONS = 8
 RESERVED_CONNECTIONS = 25
-SLOT_WAIT = 120.0
+SLOT_WAIT = 20.0
 
 
 @functools.cache
@@ -286,8 +289,7 @@ class WorkerSlot:
         slots = worker_slots()
         if slots is None:
             return
-        state = os.environ.get("JOBQUEUE_TEST_STATE") or tempfile.gettempdir()
-        directory = Path(state) / f"worker-slots-{connection.vendor}"
+        directory = Path(django_settings.STATE_DIR) / f"worker-slots-{connection.vendor}"
         directory.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + SLOT_WAIT
         while time.monotonic() < deadline:
@@ -409,7 +411,10 @@ class WorkerProcess:
                 # of its own yet (its setsid() is its first step): kill the process itself.
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+            try:
+                self.proc.wait(10)
+            finally:
+                self.slot.release()
         self.slot.release()
 
     def close(self) -> None:

@@ -110,6 +110,27 @@ def test_worker_transaction_settings_end_with_the_transaction(fails):
         vars(connection).pop("_jobqueue_bound_waits", None)
 
 
+@POSTGRES
+def test_the_bounds_hold_when_a_transaction_begins_with_a_server_side_cursor():
+    """A worker transaction on PostgreSQL sends its lock bounds with its first statement; when
+    that statement is a named (server-side) cursor's, which cannot carry them, they go first
+    on a cursor of their own, and hold."""
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+
+    def txn() -> str:
+        list(Job.objects.all().iterator(chunk_size=10))  # DECLARE ... CURSOR: a named cursor
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return str(cursor.fetchone()[0])
+
+    try:
+        dialect.bound_waits(3.0, 11.0)
+        assert dialect.run_in_transaction(txn) == "3s"
+    finally:
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+
+
 # -- a real PgBouncer ----------------------------------------------------------------------------
 
 

@@ -100,10 +100,18 @@ class PostgreSQLDialect(Dialect):
         return self._locked_resources(results[0], results[1] if capped else [])
 
     def _ends_with_this(self, cursor: Any) -> bool:
-        """Whether the next statement of `cursor` may carry the COMMIT of its transaction
-        (run_in_transaction's, which never runs inside another): where a query of several
-        statements is possible (`_client_side`)."""
-        return _client_side(cursor) is not None and self.connection.in_atomic_block
+        """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
+        a query of several statements is possible (`_client_side`), and the transaction is
+        the outermost block's own, which commits on exit (not a savepoint of a caller's)."""
+        conn: Any = self.connection
+        return (
+            _client_side(cursor) is not None
+            and conn.in_atomic_block
+            and len(conn.atomic_blocks) == 1
+            and not conn.savepoint_ids
+            and conn.commit_on_exit
+            and not conn.needs_rollback
+        )
 
     def _execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
         """Run `statements` in order, each with its own snapshot, and return each one's rows:
@@ -153,10 +161,12 @@ class PostgreSQLDialect(Dialect):
             if not pending:
                 return execute(sql, params, many, context)
             pending = False
-            cursor = context["cursor"]
-            raw = _client_side(cursor)
+            raw = _client_side(context["cursor"])
             if many or raw is None:
-                cursor.execute(waits)
+                # A cursor of its own: the statement's may be a named (server-side) cursor,
+                # which would only DECLARE the settings, never run them.
+                with context["connection"].cursor() as own:
+                    own.execute(waits)
                 return execute(sql, params, many, context)
             result = execute(f"{waits}; {sql}", params, many, context)
             raw.nextset()  # the statement's own result
