@@ -160,12 +160,21 @@ class Dialect:
         statements = [self.lock_resources_sql(names)]
         if capped:
             statements.append(self.uses_in_flight_sql(capped))
+        results = self.execute_together(statements)
+        rows, uses = results[0], results[1] if capped else []
+        now = aware(rows[0][2]) if rows else self.now()
+        locked = [(name, aware(until) if until else None) for name, until, _ in rows]
+        return LockedResources(locked, now, [read_json(u) for (u,) in uses])
+
+    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+        """Run `statements` (SQL, parameters) in order, each with its own snapshot, and return
+        each one's rows. Here one after the other; a dialect may send them in one round trip."""
         results = []
         with self.connection.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
                 results.append(cursor.fetchall())
-        return self._locked_resources(results[0], results[1] if capped else [])
+        return results
 
     def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """The statement of `lock_resources` that locks the rows (and reads the clock)."""
@@ -182,13 +191,6 @@ class Dialect:
         sql, params = self.uses_any_sql(names)
         table = self.qn(Job._meta.db_table)
         return f"SELECT uses FROM {table} WHERE lease_expires IS NOT NULL AND {sql}", params
-
-    def _locked_resources(
-        self, rows: list[tuple[Any, ...]], uses: list[tuple[Any, ...]]
-    ) -> LockedResources:
-        now = aware(rows[0][2]) if rows else self.now()
-        locked = [(name, aware(until) if until else None) for name, until, _ in rows]
-        return LockedResources(locked, now, [read_json(u) for (u,) in uses])
 
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL true for a job whose `uses` names one of `names`."""

@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobStep
 from ..records import Finished, FinishReport
-from .base import Dialect, LockedResources, seconds
+from .base import Dialect, seconds
 from .functions import DbNow
 
 try:
@@ -90,15 +90,6 @@ class PostgreSQLDialect(Dialect):
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         return "uses ?| %s", [list(names)]
 
-    def lock_resources(self, names: Sequence[str], capped: Sequence[str] = ()) -> LockedResources:
-        # The lock and the read of the jobs in flight in one round trip: two statements, so
-        # the read still takes its snapshot once the lock is held.
-        statements = [self.lock_resources_sql(names)]
-        if capped:
-            statements.append(self.uses_in_flight_sql(capped))
-        results = self._execute_together(statements)
-        return self._locked_resources(results[0], results[1] if capped else [])
-
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
         a query of several statements is possible (`_client_side`), and the transaction is
@@ -113,24 +104,21 @@ class PostgreSQLDialect(Dialect):
             and not conn.needs_rollback
         )
 
-    def _execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
-        """Run `statements` in order, each with its own snapshot, and return each one's rows:
-        in one round trip where the cursor allows (`_client_side`), else one after the other."""
-        results = []
+    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+        # One round trip where the cursor allows (`_client_side`): a claim under LIMITS sends
+        # the lock of its resources and the read of their jobs in flight so, and the read
+        # still takes its snapshot once the lock is held.
         with self.connection.cursor() as cursor:
             raw = _client_side(cursor)
-            if len(statements) > 1 and raw is not None:
-                cursor.execute(
-                    "; ".join(sql for sql, _ in statements),
-                    [p for _, params in statements for p in params],
-                )
-                for n in range(len(statements)):
-                    if n:
-                        raw.nextset()
-                    results.append(cursor.fetchall())
-                return results
-            for sql, params in statements:
-                cursor.execute(sql, params)
+            if len(statements) < 2 or raw is None:
+                return super().execute_together(statements)
+            cursor.execute(
+                "; ".join(sql for sql, _ in statements),
+                [p for _, params in statements for p in params],
+            )
+            results = [cursor.fetchall()]
+            for _ in statements[1:]:
+                raw.nextset()
                 results.append(cursor.fetchall())
         return results
 
