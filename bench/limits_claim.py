@@ -13,7 +13,9 @@ timed part), so about 50 are in flight, as on a busy worker. The same run is mad
 - `crowded`: the same limits with each tenant's two jobs next to each other, so half of the
   candidates a claim meets wait for their tenant's other job (the skipped-resource path).
 
-The issue's target: `tenants` costs at most 2x `plain`.
+The issue's target: `tenants` costs at most 2x `plain`. The three cases run side by side,
+`--rounds` times (3): each figure is the median over the rounds, the ratio the median of the
+rounds' own ratios (`ratios` lists them).
 
 Then whether worker processes approach the limits rather than serialize under them (3
 workers at `--concurrency 4`): 100 no-op jobs under `{"rate": "10/s"}` (the steady starts a
@@ -32,6 +34,7 @@ from collections import deque
 from . import harness
 
 CLAIMS = 200
+ROUNDS = 3  # plain, tenants and crowded side by side, this many times
 BATCH = 10
 FINISH_AFTER = 5  # claims a claimed batch stays in flight
 LIMITS = {"tenant:*": {"concurrency": 1}}
@@ -156,21 +159,35 @@ def concurrency_figures() -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tenants", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     opts = parser.parse_args()
     harness.setup()
-    plain = run(opts.tenants, limits=False)
-    tenants = run(opts.tenants, limits=True)
-    crowded = run(opts.tenants, limits=True, adjacent=True)
+    # The three cases side by side, in rounds: the machine drifts between the first case of
+    # a run and the last more than the cases differ. Each figure is its median over the rounds.
+    cases: dict[str, list[dict[str, float]]] = {"plain": [], "tenants": [], "crowded": []}
+    for _ in range(opts.rounds):
+        cases["plain"].append(run(opts.tenants, limits=False))
+        cases["tenants"].append(run(opts.tenants, limits=True))
+        cases["crowded"].append(run(opts.tenants, limits=True, adjacent=True))
+    plain = [p["median"] for p in cases["plain"]]
+    ratios = [t["median"] / p for p, t in zip(plain, cases["tenants"], strict=True)]
+    crowded = [c["median"] / p for p, c in zip(plain, cases["crowded"], strict=True)]
+
+    def median(case: str, key: str = "median") -> float:
+        return statistics.median(r[key] for r in cases[case])
+
     harness.report(
         "limits_claim",
         {
             "tenants": opts.tenants,
-            "plain_ms": plain["median"],
-            "tenants_ms": tenants["median"],
-            "crowded_ms": crowded["median"],
-            "ratio": tenants["median"] / plain["median"],
-            "crowded_ratio": crowded["median"] / plain["median"],
-            "crowded_jobs_per_claim": crowded["jobs_per_claim"],
+            "rounds": opts.rounds,
+            "plain_ms": median("plain"),
+            "tenants_ms": median("tenants"),
+            "crowded_ms": median("crowded"),
+            "ratio": statistics.median(ratios),
+            "ratios": [round(r, 2) for r in ratios],
+            "crowded_ratio": statistics.median(crowded),
+            "crowded_jobs_per_claim": median("crowded", "jobs_per_claim"),
         },
     )
     harness.report("limits_approach", {**rate_figures(), **concurrency_figures()})

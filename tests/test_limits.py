@@ -354,8 +354,9 @@ def test_on_postgresql_a_claim_sends_its_bounds_and_its_lock_with_other_statemen
     assert len(claimed) == 2
     sqls = [q["sql"] for q in queries.captured_queries]
     [bounds] = [sql for sql in sqls if "set_config('lock_timeout'" in sql]
-    assert bounds.startswith("SELECT set_config('lock_timeout', '3000ms', true), set_config(")
-    assert "; SELECT " in bounds  # the transaction's first statement, in the same query
+    # The BEGIN, the bounds and the transaction's first statement: one query.
+    assert bounds.startswith("BEGIN; SELECT set_config('lock_timeout', '3000ms', true), set_")
+    assert "; SELECT " in bounds
     [lock] = [sql for sql in sqls if '"django_jobqueue_limit"' in sql and "FOR UPDATE" in sql]
     assert "; SELECT uses FROM" in lock
     [mark] = [sql for sql in sqls if sql.startswith('UPDATE "django_jobqueue_job"')]

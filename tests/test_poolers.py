@@ -131,6 +131,63 @@ def test_the_bounds_hold_when_a_transaction_begins_with_a_server_side_cursor():
         vars(connection).pop("_jobqueue_bound_waits", None)
 
 
+@contextmanager
+def wire_queries() -> Iterator[list[str]]:
+    """The simple queries the default connection sends inside the block, as libpq traces
+    them (every message on the wire, psycopg's own BEGIN and COMMIT included)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    sent: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            for line in trace:
+                direction, _, kind, *rest = line.rstrip("\n").split("\t")
+                if direction == "F" and kind == "Query":
+                    sent.append(rest[0].strip().strip('"'))
+
+
+@POSTGRES
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "rolled-back"])
+def test_a_worker_transaction_sends_its_begin_with_its_first_statement(fails):
+    """psycopg sends a transaction's BEGIN on its own, a round trip; a worker transaction on
+    PostgreSQL sends it with its bounds and its first statement instead, as one query. Django
+    still ends it: committed, or rolled back when the block raises (a savepoint inside
+    works as usual)."""
+    from django.db import transaction
+
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+    job = jobqueue.enqueue("test.noop")
+
+    def txn() -> None:
+        Job.objects.filter(pk=job.pk).update(priority=7)
+        with transaction.atomic():  # a savepoint
+            Job.objects.filter(pk=job.pk).update(max_attempts=9)
+        if fails:
+            raise RuntimeError("the block raises")
+
+    try:
+        dialect.bound_waits(3.0, 11.0)
+        with wire_queries() as sent, suppress(RuntimeError):
+            dialect.run_in_transaction(txn)
+    finally:
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+    assert sent[0].startswith("BEGIN; SELECT set_config('lock_timeout', '3000ms', true)")
+    assert '; UPDATE "django_jobqueue_job"' in sent[0]
+    assert "BEGIN" not in sent[1:]
+    assert sent[-1] == ("ROLLBACK" if fails else "COMMIT")
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert connection.get_autocommit()
+    row = Job.objects.values_list("priority", "max_attempts").get(pk=job.pk)
+    assert row == ((0, 3) if fails else (7, 9))
+
+
 # -- a real PgBouncer ----------------------------------------------------------------------------
 
 

@@ -20,10 +20,13 @@ from .functions import DbNow
 
 try:
     from psycopg import ClientCursor
+    from psycopg.pq import TransactionStatus
 
     _CLIENT_CURSORS: tuple[type, ...] = (ClientCursor,)
+    _IDLE: Any = TransactionStatus.IDLE
 except ImportError:  # psycopg2: its statements are sent apart
     _CLIENT_CURSORS = ()
+    _IDLE = None
 
 
 def _client_side(cursor: Any) -> Any | None:
@@ -33,6 +36,29 @@ def _client_side(cursor: Any) -> Any | None:
     snapshot of its own at READ COMMITTED; `nextset()` steps to the next one's result."""
     raw = cursor.cursor
     return raw if isinstance(raw, _CLIENT_CURSORS) else None
+
+
+def _own_begin(conn: Any) -> str:
+    """The text `BEGIN; ` if the transaction's BEGIN can go with its first statement, else "".
+
+    psycopg 3 sends the BEGIN of a transaction on its own, a round trip, when Django's
+    atomic() has turned its autocommit off. Where the connection would send a plain BEGIN
+    (no isolation level, read-only or deferrable mode of its own) and none is sent yet, its
+    autocommit goes back on (allowed while no transaction is open) and the caller sends the
+    BEGIN itself, with the statement. psycopg's commit() and rollback() act on the server's
+    transaction status, not on the flag, so Django's atomic() ends the transaction as usual,
+    and turns autocommit on again at its end (as it does anyway).
+    """
+    if (
+        conn.autocommit
+        or conn.info.transaction_status != _IDLE
+        or conn.isolation_level is not None
+        or conn.read_only is not None
+        or conn.deferrable is not None
+    ):
+        return ""
+    conn.autocommit = True
+    return "BEGIN; "
 
 
 if TYPE_CHECKING:
@@ -156,8 +182,10 @@ class PostgreSQLDialect(Dialect):
                 with context["connection"].cursor() as own:
                     own.execute(waits)
                 return execute(sql, params, many, context)
-            result = execute(f"{waits}; {sql}", params, many, context)
-            raw.nextset()  # the statement's own result
+            begin = _own_begin(raw.connection)
+            result = execute(f"{begin}{waits}; {sql}", params, many, context)
+            for _ in range(2 if begin else 1):
+                raw.nextset()  # to the statement's own result
             return result
 
         with self.connection.execute_wrapper(first):
