@@ -16,7 +16,7 @@ import functools
 import json
 import logging
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
@@ -178,7 +178,11 @@ def _ready(
 
 
 def finish_many(
-    dialect: Dialect, owner: str, items: Sequence[tuple[int, int, str | None]]
+    dialect: Dialect,
+    owner: str,
+    items: Sequence[tuple[int, int, str | None]],
+    *,
+    in_graph: Collection[int] = (),
 ) -> FinishReport:
     """Store each (job id, attempt, result as JSON text) and mark the job `done`, at once.
 
@@ -186,14 +190,17 @@ def finish_many(
     rows locked by another transaction are reported `busy` (nothing waits for them). A job
     whose cancellation was requested while it ran ends `cancelled`, its result discarded. The
     graph reacts in the same transaction, and only for jobs whose rows say they have
-    dependents or a container.
+    dependents or a container. `in_graph`: ids of jobs known to have (ClaimedJob.in_graph),
+    which go to the transaction at once.
     """
 
     done: list[Finished] = []
-    if dialect.autocommit_statements:
+    simple = [item for item in items if item[0] not in in_graph]
+    if dialect.autocommit_statements and simple:
         # Jobs without dependents or container need nothing else in their transaction: one
-        # statement in autocommit finishes them; the others take the full transaction below.
-        done = dialect.run_statement(lambda: dialect.finish_simple(owner=owner, items=items))
+        # statement in autocommit finishes them (their rows say so again: a job may have got
+        # dependents since its claim); the others take the full transaction below.
+        done = dialect.run_statement(lambda: dialect.finish_simple(owner=owner, items=simple))
         if len(done) == len(items):
             return FinishReport(done)
         finished = {f.job_id for f in done}

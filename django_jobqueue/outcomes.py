@@ -158,8 +158,9 @@ def _finish(
     the batch one by one; that attempt then fails for good, with ResultNotStored.
     """
     items = [(o.flight.lease.job_id, o.flight.lease.attempt, o.text) for o in outcomes]
+    in_graph = {o.flight.lease.job_id for o in outcomes if o.flight.job.in_graph}
     try:
-        report = leases.finish_many(dialect, owner, items)
+        report = leases.finish_many(dialect, owner, items, in_graph=in_graph)
     except PERMANENT_ERRORS as exc:
         on_refused()
         if len(outcomes) > 1:

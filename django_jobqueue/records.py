@@ -31,7 +31,14 @@ CLAIM_FIELDS = (
     "has_steps",
     "created_at",
     "run_after",
+    # Whether the job is in a graph (not a model field the handler's Job instance loads: they
+    # may change while it runs). The completer sends only the others to the one-statement
+    # finish, which would leave these to the full transaction anyway.
+    "has_dependents",
+    "has_children",
 )
+# CLAIM_FIELDS the handler's Job instance does not take from the claim (deferred, read anew).
+_NOT_IN_MODEL = ("has_dependents", "has_children")
 
 
 class ClaimedJob:
@@ -60,6 +67,8 @@ class ClaimedJob:
     has_steps: bool
     created_at: dt.datetime | None
     run_after: dt.datetime | None
+    has_dependents: bool
+    has_children: bool
 
     def __init__(self, using: str, values: Sequence[Any]) -> None:
         """Take the values of CLAIM_FIELDS, in that order."""
@@ -82,11 +91,19 @@ class ClaimedJob:
             self.has_steps,
             self.created_at,
             self.run_after,
+            self.has_dependents,
+            self.has_children,
         ) = values
 
     @property
     def pk(self) -> int:
         return self.id
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether, when claimed, the job had dependents, a container or children of its own:
+        its finish then has the graph to move too."""
+        return bool(self.has_dependents or self.has_children or self.parent_id is not None)
 
     def model(self) -> Job:
         """The Job model instance (deferred fields load on first access)."""
@@ -129,4 +146,8 @@ def _model_order() -> list[str]:
     """CLAIM_FIELDS in the Job model's field order, as Model.from_db takes them."""
     from .models import Job
 
-    return [f.attname for f in Job._meta.concrete_fields if f.attname in CLAIM_FIELDS]
+    return [
+        f.attname
+        for f in Job._meta.concrete_fields
+        if f.attname in CLAIM_FIELDS and f.attname not in _NOT_IN_MODEL
+    ]

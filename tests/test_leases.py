@@ -401,6 +401,42 @@ def test_finish_many_records_a_batch_and_reports_lost_leases(dialect):
     assert rows[jobs[3].pk].state == Job.State.READY
 
 
+def test_a_claim_tells_which_jobs_are_in_a_graph_and_their_finish_skips_the_short_path(dialect):
+    """A claimed job knows whether it had dependents, a container or children (`in_graph`);
+    the completer sends those straight to the finish's transaction, not first through the
+    one-statement finish (PostgreSQL) that would leave them anyway. A job that got dependents
+    after its claim still moves its graph: the short path's own test of the row holds it back."""
+    from django.test.utils import CaptureQueriesContext
+
+    with jobqueue.graph() as g:
+        upstream = g.add("test.noop")
+        downstream = g.add("test.noop", depends_on=[upstream])
+    with jobqueue.container("box") as box:
+        child = jobqueue.enqueue("test.noop", parent=box)
+    lone = jobqueue.enqueue("test.noop")
+    batch = leases.claim(dialect, owner="w", queues=[], limit=10, lease_ttl=TTL)
+    claimed = {c.pk: c for c in batch}
+    assert claimed.keys() == {upstream.pk, child.pk, lone.pk}
+    assert claimed[upstream.pk].in_graph and claimed[child.pk].in_graph
+    assert not claimed[lone.pk].in_graph
+    assert not claimed[upstream.pk].model().has_steps  # the model still builds from the claim
+    late = jobqueue.enqueue("test.noop", depends_on=[lone.pk])  # a dependent since the claim
+    items = [(pk, c.attempts, None) for pk, c in sorted(claimed.items())]
+    in_graph = {pk for pk, c in claimed.items() if c.in_graph}
+    with CaptureQueriesContext(connection) as queries:
+        report = leases.finish_many(dialect, "w", items, in_graph=in_graph)
+    assert sorted(f.job_id for f in report.finished) == sorted(claimed)
+    short = [q["sql"] for q in queries.captured_queries if "NOT j.has_dependents" in q["sql"]]
+    if dialect.autocommit_statements:
+        [statement] = short  # for the lone job alone (the batch travels as a JSON document)
+        assert f'"id":{lone.pk},' in statement
+        assert not any(f'"id":{pk},' in statement for pk in in_graph)
+    else:
+        assert short == []
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states[downstream.pk] == states[late.pk] == Job.State.READY
+
+
 @pytest.mark.skipif(
     not get_dialect("default").has_select_for_update_skip_locked,
     reason="row locks: SQLite locks the whole database",
