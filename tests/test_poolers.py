@@ -188,6 +188,59 @@ def test_a_worker_transaction_sends_its_begin_with_its_first_statement(fails):
     assert row == ((0, 3) if fails else (7, 9))
 
 
+def _in_a_worker_transaction(txn: Any) -> None:
+    """Run `txn` as a worker's transaction (bounded waits); a RuntimeError rolls it back."""
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+    try:
+        dialect.bound_waits(3.0, 11.0)
+        with suppress(RuntimeError):
+            dialect.run_in_transaction(txn)
+    finally:
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+
+
+@POSTGRES
+def test_inside_a_worker_transaction_psycopg_sees_autocommit_off_as_django_set_it():
+    """Once its BEGIN went with the first statement, the transaction looks to psycopg as it
+    would otherwise: autocommit off (Django reads it to decide whether a named cursor is WITH
+    HOLD, which would outlive the transaction on a pooled server connection)."""
+    job, *_ = [jobqueue.enqueue("test.noop") for _ in range(3)]
+    seen: dict[str, Any] = {}
+
+    def txn() -> None:
+        Job.objects.filter(pk=job.pk).update(priority=1)
+        seen["autocommit"] = connection.connection.autocommit
+        rows = Job.objects.values_list("pk").iterator(chunk_size=1)  # a named cursor
+        next(rows)  # open, and still open
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*), bool_or(is_holdable) FROM pg_cursors")
+            seen["cursors"] = cursor.fetchone()
+        list(rows)
+
+    with wire_queries() as sent:
+        _in_a_worker_transaction(txn)
+    assert sent[0].startswith("BEGIN; ")
+    assert seen == {"autocommit": False, "cursors": (1, False)}
+    assert connection.connection.autocommit  # after the block, as Django left it
+
+
+@POSTGRES
+def test_a_first_statement_refused_before_it_is_sent_leaves_the_block_one_transaction():
+    """psycopg refuses the first statement's parameters before sending anything: the block
+    carries on (the caller caught it), and what it writes next still rolls back with it."""
+    job = jobqueue.enqueue("test.noop")
+
+    def txn() -> None:
+        with suppress(Exception), connection.cursor() as cursor:
+            cursor.execute("SELECT %s, %s", [1])  # one parameter short: never sent
+        Job.objects.filter(pk=job.pk).update(priority=7)
+        raise RuntimeError("the block raises")
+
+    _in_a_worker_transaction(txn)
+    assert Job.objects.get(pk=job.pk).priority == 0
+
+
 # -- a real PgBouncer ----------------------------------------------------------------------------
 
 

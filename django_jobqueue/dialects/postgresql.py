@@ -44,13 +44,14 @@ def _own_begin(conn: Any) -> str:
     psycopg 3 sends the BEGIN of a transaction on its own, a round trip, when Django's
     atomic() has turned its autocommit off. Where the connection would send a plain BEGIN
     (no isolation level, read-only or deferrable mode of its own) and none is sent yet, its
-    autocommit goes back on (allowed while no transaction is open) and the caller sends the
-    BEGIN itself, with the statement. psycopg's commit() and rollback() act on the server's
-    transaction status, not on the flag, so Django's atomic() ends the transaction as usual,
-    and turns autocommit on again at its end (as it does anyway).
+    autocommit goes back on (allowed while no transaction is open) so that it sends none, and
+    the caller sends the BEGIN itself, with the statement; `_after_begin` then puts the flag
+    back. psycopg's commit() and rollback() act on the server's transaction status, so
+    Django's atomic() ends the transaction as usual.
     """
     if (
         conn.autocommit
+        or not hasattr(conn, "_autocommit")  # the flag could not be put back
         or conn.info.transaction_status != _IDLE
         or conn.isolation_level is not None
         or conn.read_only is not None
@@ -59,6 +60,21 @@ def _own_begin(conn: Any) -> str:
         return ""
     conn.autocommit = True
     return "BEGIN; "
+
+
+def _after_begin(conn: Any) -> None:
+    """Turn psycopg's autocommit off again once the query with our BEGIN has run or failed.
+
+    Inside the transaction psycopg must see what Django set: autocommit off (Django asks it,
+    for one, whether a named cursor must be WITH HOLD). Its setter refuses while a transaction
+    is open, hence the attribute. If the query never reached the server (psycopg refused its
+    parameters), no transaction is open: the setter does, and psycopg's own BEGIN comes with
+    the block's next statement, as without us.
+    """
+    if conn.info.transaction_status == _IDLE:
+        conn.autocommit = False
+    else:
+        conn._autocommit = False
 
 
 if TYPE_CHECKING:
@@ -183,7 +199,11 @@ class PostgreSQLDialect(Dialect):
                     own.execute(waits)
                 return execute(sql, params, many, context)
             begin = _own_begin(raw.connection)
-            result = execute(f"{begin}{waits}; {sql}", params, many, context)
+            try:
+                result = execute(f"{begin}{waits}; {sql}", params, many, context)
+            finally:
+                if begin:
+                    _after_begin(raw.connection)
             for _ in range(2 if begin else 1):
                 raw.nextset()  # to the statement's own result
             return result
