@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue.exceptions import InvalidJobError, WaitTimeout
 from django_jobqueue.models import Job, JobEvent, JobStep, JobWait
 from django_jobqueue.testing import RunawayJobsError, run_jobs
+from tests.conftest import poll
 from tests.testapp.durable_jobs import lines, send_in_transaction
 from tests.testapp.models import Order
 
@@ -109,6 +111,36 @@ def test_a_sleep_suspends_the_job_without_using_an_attempt():
     assert job.result >= 2
 
 
+def test_sleep_until_suspends_until_that_time_and_sleeps_use_no_attempt():
+    """Three sleeps, then a sleep until a given time: the job is `scheduled` until exactly
+    then, holding nothing, and with max_attempts=1 still ends done."""
+    until = timezone.now().replace(microsecond=0) + dt.timedelta(hours=1)
+    job = jobqueue.enqueue("durable.naps", {"count": 3, "until": until.isoformat()},
+                           max_attempts=1)  # fmt: skip
+
+    def at_the_last_sleep() -> bool:
+        run_jobs(ignore_delays=False)  # the short naps come due in turn
+        row = refreshed(job)
+        return row.state == Job.State.SCHEDULED and row.run_after == until
+
+    poll(at_the_last_sleep, timeout=30, interval=0.02)
+    row = refreshed(job)
+    assert (row.lease_owner, row.attempts) == (None, 0)
+    run_jobs()  # ignore_delays: the hour is over at once
+    done = refreshed(job)
+    assert (done.state, done.attempts, done.result) == (Job.State.DONE, 1, 3)
+
+
+def test_cancelling_a_sleeping_job_cancels_it_at_once():
+    job = jobqueue.enqueue("durable.sleeper", {"seconds": 3600})
+    run_jobs(ignore_delays=False)
+    assert refreshed(job).state == Job.State.SCHEDULED
+    assert jobqueue.cancel(job) is True
+    assert refreshed(job).state == Job.State.CANCELLED
+    run_jobs()
+    assert refreshed(job).state == Job.State.CANCELLED
+
+
 def test_run_jobs_skips_sleeps_with_ignore_delays():
     job = jobqueue.enqueue("durable.sleeper", {"seconds": 3600}, max_attempts=1)
     run_jobs()
@@ -182,6 +214,17 @@ def test_a_parent_waits_for_the_children_it_spawned(marker):
     children = Job.objects.filter(parent_id=parent.pk)
     assert sorted(children.values_list("state", flat=True)) == ["done"] * 3
     assert refreshed(after).state == Job.State.DONE
+
+
+def test_wait_for_raises_upstream_failed_when_a_child_ends_dead():
+    parent = jobqueue.enqueue("durable.child_fails_waiter", max_attempts=1)
+    run_jobs()
+    done = refreshed(parent)
+    assert done.state == Job.State.DONE and done.attempts == 1
+    assert set(done.result) == {"failed"}
+    failing, fine = Job.objects.filter(parent_id=parent.pk).order_by("pk")
+    assert (failing.state, fine.state) == (Job.State.DEAD, Job.State.DONE)
+    assert str(failing.pk) in done.result["failed"]
 
 
 def test_spawn_takes_the_handler_key_as_key_or_as_type():

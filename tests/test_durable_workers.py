@@ -12,7 +12,7 @@ import pytest
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import poll, wait_for_job
-from tests.testapp.durable_jobs import lines
+from tests.testapp.durable_jobs import lines, send_in_transaction
 from tests.testapp.models import RunRecord
 from tests.workflow_support import FAST, limits_env, max_overlap, run_intervals
 
@@ -84,6 +84,32 @@ def test_a_job_waiting_for_an_event_gives_back_its_place_and_survives_a_kill(sta
     jobqueue.send_event("go", {"n": 7})
     done = wait_for_job(waiter.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert (done.state, done.attempts, done.result) == (Job.State.DONE, 1, {"payload": {"n": 7}})
+
+
+def test_events_reach_the_jobs_of_worker_processes_as_sent(start_worker):
+    """With a worker process: a rolled-back send wakes nothing and a committed one wakes the
+    job with its payload, an event sent before the wait is received, and a wait that times
+    out (the worker's own promoter ends it) raises WaitTimeout in the resumed handler."""
+    jobqueue.send_event("early", {"n": 1})  # before any job waits for it
+    waiter = jobqueue.enqueue("durable.waiter", {"key": "approval"}, max_attempts=1)
+    early = jobqueue.enqueue("durable.waiter", {"key": "early"}, max_attempts=1)
+    timed = jobqueue.enqueue("durable.waiter", {"key": "never", "timeout": 2}, max_attempts=1)
+    start_worker("--concurrency", "4", *FAST)
+    done = wait_for_job(early.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    assert (done.state, done.result) == (Job.State.DONE, {"payload": {"n": 1}})
+    poll(lambda: Job.objects.get(pk=waiter.pk).state == Job.State.WAITING)
+    send_in_transaction("approval", {"by": "ann"}, rollback=True)
+    done = wait_for_job(timed.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    assert (done.state, done.attempts, done.result) == (Job.State.DONE, 1, "timed out")
+    # The worker has ended a 2 s wait since the rolled-back send: it woke nothing.
+    assert Job.objects.get(pk=waiter.pk).state == Job.State.WAITING
+    send_in_transaction("approval", {"by": "bob"}, rollback=False)
+    done = wait_for_job(waiter.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    assert (done.state, done.attempts, done.result) == (
+        Job.State.DONE,
+        1,
+        {"payload": {"by": "bob"}},
+    )
 
 
 def test_a_job_waiting_for_its_children_gives_back_its_place(start_worker):

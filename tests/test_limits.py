@@ -207,6 +207,30 @@ def test_a_rate_limited_job_closes_its_resource_and_waits_without_using_its_atte
     assert Job.objects.get(pk=other.pk).state == "done"
 
 
+def test_a_job_rate_limited_twice_ends_done_with_one_attempt_and_signals_each_closure():
+    from django_jobqueue import signals
+
+    heard: list[dict] = []
+
+    def receiver(sender, **kwargs):
+        heard.append(kwargs)
+
+    job = jobqueue.enqueue(
+        "limits.rate_limited_twice", {"resource": "api"}, uses={"api": 1}, max_attempts=1
+    )
+    signals.job_rate_limited.connect(receiver)
+    try:
+        run_jobs()  # each cooldown is over at once (ignore_delays)
+    finally:
+        signals.job_rate_limited.disconnect(receiver)
+    done = Job.objects.get(pk=job.pk)
+    assert (done.state, done.attempts, done.result) == ("done", 1, "after two cooldowns")
+    assert [(h["job_id"], h["resource"], h["retry_after"], h["state"]) for h in heard] == [
+        (job.pk, "api", 0.5, "scheduled"),
+        (job.pk, "api", 1.0, "scheduled"),
+    ]
+
+
 def test_a_claim_fetches_more_candidates_only_after_refusals_left_it_short():
     """A claim under LIMITS locks its limit's worth of candidates and one more while none is
     refused; after refusals left a claim short, the next fetches twice as many (up to

@@ -177,6 +177,27 @@ def test_a_failed_upstream_fails_the_downstream_task_with_upstream_failed():
 
 @requires_tasks
 @pytest.mark.django_db(transaction=True)
+def test_a_task_that_takes_its_context_makes_durable_calls_through_it():
+    """A `takes_context=True` task steps, records progress, sleeps, waits for an event,
+    spawns a child and waits for it, through its context; suspended, it holds no lease and
+    uses no attempt."""
+    import django_jobqueue as jobqueue
+
+    result = tasks.durable_report.using(max_attempts=1).enqueue("report:7")
+    poll(lambda: run_burst() or Job.objects.get(pk=result.id).state == "waiting", timeout=60)
+    row = Job.objects.get(pk=result.id)
+    assert (row.lease_owner, row.attempts) == (None, 0)
+    assert row.progress["current"] == 1 and row.progress["message"] == "slept"
+    jobqueue.send_event("report:7", {"ok": True})
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"first": 1, "payload": {"ok": True}, "child": 9}
+    row = Job.objects.get(pk=result.id)
+    assert row.attempts == 1 and row.progress["current"] == 3
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
 def test_group_and_weight_are_stored_and_the_task_runs():
     result = tasks.add.using(group="tenant-a", weight=3).enqueue(1, 2)
     job = Job.objects.get(pk=result.id)

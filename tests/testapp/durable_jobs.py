@@ -157,6 +157,32 @@ def spawn_by_keyword(ctx: jobqueue.JobContext, both: bool = False) -> Any:
     return sorted(ctx.wait_for(children).values())
 
 
+@jobqueue.handler("durable.child_fails_waiter", takes_context=True)
+def child_fails_waiter(ctx: jobqueue.JobContext) -> Any:
+    """Spawn a child that fails for good and one that is done, then wait for both."""
+    failing = ctx.spawn("durable.child", {"i": 1, "fail": True}, max_attempts=1)
+    fine = ctx.spawn("durable.child", {"i": 2})
+    try:
+        ctx.wait_for([failing, fine])
+    except jobqueue.UpstreamFailed as exc:
+        return {"failed": str(exc)}
+    return "all done"
+
+
+@jobqueue.handler("durable.naps", takes_context=True)
+def naps(ctx: jobqueue.JobContext, count: int, until: str = "") -> int:
+    """Sleep `count` times (and, given `until`, once more until that ISO time); return how
+    many runs it took (each run that suspends counts one, in a step)."""
+    import datetime as dt
+
+    for n in range(count):
+        ctx.sleep(0.01)
+        ctx.step(f"after-{n}", int, n)
+    if until:
+        ctx.sleep_until(dt.datetime.fromisoformat(until))
+    return ctx.step("done", lambda: count)
+
+
 @jobqueue.handler("durable.child", takes_context=True)
 def child(ctx: jobqueue.JobContext, i: int, marker: str = "", fail: bool = False) -> int:
     if marker:

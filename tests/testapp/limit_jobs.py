@@ -53,6 +53,17 @@ def rate_limited_once(ctx: jobqueue.JobContext, resource: str, retry_after: floa
     return "after the cooldown"
 
 
+@jobqueue.handler("limits.rate_limited_twice", takes_context=True)
+def rate_limited_twice(ctx: jobqueue.JobContext, resource: str) -> Any:
+    """The first two runs meet a 429 (RateLimited for 0.5 s, then 1 s); the third returns."""
+    met = RunRecord.objects.filter(job_id=ctx.job_id, attempt__lte=0).count()
+    if met < 2:  # a record per 429 met (attempt 0, then -1: the attempt is never charged)
+        RunRecord.objects.create(job_id=ctx.job_id, attempt=-met, started=time.time(),
+                                 finished=time.time())  # fmt: skip
+        raise jobqueue.RateLimited(resource, retry_after=0.5 * (met + 1))
+    return "after two cooldowns"
+
+
 @jobqueue.handler("limits.spawner", takes_context=True)
 def spawner(ctx: jobqueue.JobContext) -> list[int]:
     """Spawns one child that uses "api"."""

@@ -84,6 +84,19 @@ if django.VERSION >= (6, 0):
             "pid": os.getpid(),
         }
 
+    @task(takes_context=True)
+    def durable_report(context: TaskContext, key: str) -> dict[str, Any]:
+        """A task using the durable calls through its context: a step, progress, a sleep, a
+        wait for event `key`, a spawned child and a wait for it."""
+        first = context.step("first", lambda: context.attempt)
+        context.progress(1, 3, "slept")
+        context.sleep(0.01)
+        payload = context.wait_for_event(key)
+        child = context.spawn("durable.child", {"i": 3})
+        results = context.wait_for([child])
+        context.progress(3, 3, "done")
+        return {"first": first, "payload": payload, "child": results[child.pk]}
+
     @task()
     def sleepy(seconds: float) -> str:
         # Short sleeps, so the JobTimeout a worker raises into this thread lands promptly.
