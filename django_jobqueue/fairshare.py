@@ -48,6 +48,9 @@ DEMAND_SHARE = 20
 OVERFETCH = 4
 # The candidates' statements kept compiled (one per ready shape, skipped resources and count).
 CANDIDATE_SQL_KEPT = 64
+# Seconds a group none of whose candidates could start stays out of the plan (as long as a
+# resource found without room is skipped: quotas.Resources.take).
+HELD_BACK_FOR = 0.25
 _GROUP_MARK = "\x00group"  # the group's place among the compiled statement's parameters
 
 
@@ -133,6 +136,9 @@ class FairShare:
         self._demand_until = 0.0
         self._candidate_sql: dict[Any, tuple[str, list[Any], int]] = {}
         self._overfetch = 1  # see OVERFETCH
+        # Groups whose planned slots found no job that could start (all held back by their
+        # resources), left out of the plan until then (monotonic): see _take_with_resources.
+        self._held_back: dict[str, float] = {}
         self._several = False  # whether several groups had ready work, at the last look
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
@@ -376,10 +382,16 @@ class FairShare:
 
         The resources are locked once, in name order, for all the candidates: a claim never
         waits for a resource row while holding another out of order. Slots a group's
-        candidates could not fill go to the other groups' candidates that can start.
-        `shape` tells `ordered` from the other querysets a claim may build.
+        candidates could not fill go to the other groups' candidates that can start, and a
+        group none of whose candidates could start is left out of the plans of the next
+        HELD_BACK_FOR seconds. `shape` tells `ordered` from the other querysets a claim may
+        build.
         """
-        slots = plan(limit, demand, in_flight, room)
+        now = time.monotonic()
+        self._held_back = {g: until for g, until in self._held_back.items() if until > now}
+        # Every group held back (as a lone group would be): all are planned, as before.
+        open_groups = [d for d in demand if d.group not in self._held_back] or demand
+        slots = plan(limit, open_groups, in_flight, room)
         skip = self.resources.skipped()  # found without room a moment ago
         base = ordered.exclude(uses__has_any_keys=skip) if skip else ordered
         fetched = {
@@ -404,6 +416,12 @@ class FairShare:
                         taken[group] = taken.get(group, 0) + 1
                     else:
                         refused += 1
+        # A group given slots whose candidates all stayed behind (none, or all refused) is
+        # left out of the plan for a moment: its share goes to the groups whose jobs can
+        # start. Planned again, it would take the slots of every claim and start nothing.
+        for group, n in slots.items():
+            if n and not taken.get(group) and not fetched[group]:
+                self._held_back[group] = now + HELD_BACK_FOR
         left = sum(len(candidates) for candidates in fetched.values())
         if refused and len(rows) < sum(slots.values()):
             self._overfetch = min(OVERFETCH, self._overfetch * 2)

@@ -354,6 +354,74 @@ def test_a_claim_that_waited_for_a_resource_counts_what_the_other_claim_started(
     assert in_flight == 2
 
 
+def test_fair_share_splits_the_free_slots_among_the_groups_whose_jobs_can_start(monkeypatch):
+    """Under LIMITS the groups' weights still split the slots, among the groups whose jobs can
+    start: a heavier group whose jobs all wait for their tenant (at its cap) does not take the
+    slots of every claim, starting nothing (the first claim finds it out; the next ones give
+    its share to the others)."""
+    from django_jobqueue import fairshare
+
+    monkeypatch.setattr(fairshare, "HELD_BACK_FOR", 60.0)  # however slowly the claims go
+    busy = work(uses={"tenant:9": 1}, group="c")
+    assert claim(limit=1) == [busy.pk]  # tenant 9 is at its cap of 1 from now on
+    heavy = {work(uses={"openai": 1}, group="a", weight=3).pk for _ in range(30)}
+    light = {work(uses={"openai": 1}, group="b", weight=1).pk for _ in range(30)}
+    held_back = {work(uses={"tenant:9": 1}, group="c", weight=10).pk for _ in range(30)}
+    fair_share = FairShare(conf.get())  # one worker's, kept from claim to claim
+    taken: list[set[int]] = []
+    for _ in range(4):
+        jobs = leases.claim(get_dialect("default"), owner="w", queues=[], limit=8,
+                            lease_ttl=60, fair_share=fair_share)  # fmt: skip
+        taken.append({job.pk for job in jobs})
+    every = set().union(*taken)
+    assert not every & held_back
+    assert all(len(batch) >= 6 for batch in taken[1:]), [len(batch) for batch in taken]
+    a, b = len(every & heavy), len(every & light)
+    assert a >= 2 * b and b >= 3, (a, b)  # about 3 to 1, as their weights
+
+
+@pytest.mark.skipif(
+    not get_dialect("default").has_select_for_update_skip_locked,
+    reason="SQLite's writers take turns on the whole database: every claim waits for any other",
+)
+def test_a_claim_never_waits_for_a_lock_that_another_tenants_claim_holds():
+    """Another claim, of tenant 1, holds tenant 1's resource row and its job's row, in the
+    middle of its transaction: a claim meanwhile skips that job and starts tenant 2's, without
+    waiting for the other claim to end (it would wait as long as that one holds)."""
+    import threading
+
+    from django.db import connections
+
+    mine, theirs = work(uses={"tenant:2": 1}), work(uses={"tenant:1": 1})
+    Limit.objects.bulk_create([Limit(name="tenant:1"), Limit(name="tenant:2")])
+    held, let_go, released = threading.Event(), threading.Event(), threading.Event()
+
+    def other_claim() -> None:
+        def txn() -> None:
+            list(Limit.objects.select_for_update().filter(name="tenant:1").values_list("name"))
+            list(Job.objects.select_for_update().filter(pk=theirs.pk).values_list("pk"))
+            held.set()
+            let_go.wait(60)
+
+        try:
+            get_dialect("default").run_in_transaction(txn)
+        finally:
+            released.set()
+            held.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=other_claim)
+    thread.start()
+    try:
+        assert held.wait(60)
+        taken = claim()
+        assert not released.is_set(), "the claim waited for the other tenant's claim to end"
+    finally:
+        let_go.set()
+        thread.join(60)
+    assert taken == [mine.pk]
+
+
 def test_on_postgresql_a_claim_sends_its_bounds_and_its_lock_with_other_statements():
     """PostgreSQL, a worker's claim under LIMITS: the transaction's lock bounds travel with its
     first statement, and the resources' lock with the read of the jobs in flight (a simple
