@@ -150,3 +150,31 @@ def test_retry_from_a_step_offers_the_latest_records_and_selects_the_last() -> N
     ids = list(JobStep.objects.filter(job=job).order_by("pk").values_list("pk", flat=True))
     assert [pk for pk, _ in points] == ids[5:]  # the latest 200, oldest first
     assert points[-1][1] == f"page #{SHOWN_STEPS + 5} (attempt 1)"
+
+
+def test_a_suspended_jobs_page_shows_its_steps_and_what_it_waits_for(
+    admin_client: Client,
+) -> None:
+    sleeper = jobqueue.enqueue("durable.sleeper", {"seconds": 3600})
+    waiter = jobqueue.enqueue("durable.waiter", {"key": "approval:9", "timeout": 3600})
+    parent = jobqueue.enqueue(
+        "durable.spawn_and_wait", {"children": [["durable.waiter", {"key": "child:1"}]]}
+    )
+    run_jobs(ignore_delays=False)
+    [child] = Job.objects.filter(parent_id=parent.pk)
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert [states[j.pk] for j in (sleeper, waiter, parent)] == ["scheduled", "waiting", "waiting"]
+
+    def waits_for(job: Job) -> str:
+        page = admin_client.get(url("job_change", job.pk)).content.decode()
+        return page.split("<label>Waits for:</label>")[1].split("</div>")[0]
+
+    page = admin_client.get(url("job_change", sleeper.pk)).content.decode()
+    steps = page.split("<label>Steps (durable calls kept across runs):</label>")[1]
+    steps = steps.split("</table>")[0]
+    assert "<th>step</th><th>call</th><th>attempt</th>" in steps
+    assert "<td>started</td><td>1</td><td>1</td>" in steps and "<td>sleep</td>" in steps
+    assert "its run after" in waits_for(sleeper)
+    assert "event approval:9, gives up at" in waits_for(waiter)
+    awaited = waits_for(parent)
+    assert "jobs to be final:" in awaited and f">#{child.pk}</a>" in awaited

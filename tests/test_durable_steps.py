@@ -5,6 +5,7 @@ processes, crashes and limits: tests/test_durable_workers.py."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from pathlib import Path
 
@@ -259,6 +260,26 @@ def test_a_parent_that_does_not_wait_is_done_once_its_children_are():
     assert refreshed(after).state == Job.State.DONE
 
 
+def test_what_depends_on_a_job_waits_for_the_jobs_its_children_spawned_too():
+    """Recursively: a job spawns a child that spawns two grandchildren without waiting for
+    them; the job depending on the top one starts only once the grandchildren are done."""
+    top = jobqueue.enqueue(
+        "durable.spawn_and_wait", {"children": [["durable.spawner", {"count": 2, "wait": False}]]}
+    )
+    after = jobqueue.enqueue("test.noop", depends_on=[top])
+    with pytest.raises(RunawayJobsError):  # top, then its child: the grandchildren are ready
+        run_jobs(max_runs=3)
+    [child] = Job.objects.filter(parent_id=top.pk)
+    grandchildren = list(Job.objects.filter(parent_id=child.pk))
+    assert len(grandchildren) == 2
+    assert refreshed(after).state == Job.State.WAITING
+    run_jobs()
+    finished = max(refreshed(g).finished_at for g in grandchildren)
+    after, top = refreshed(after), refreshed(top)
+    assert after.state == top.state == Job.State.DONE
+    assert after.started_at >= finished
+
+
 def test_progress_is_recorded_and_read_back():
     job = jobqueue.enqueue("durable.progressing", {"steps": 5})
     run_jobs()
@@ -269,6 +290,21 @@ def test_progress_is_recorded_and_read_back():
         "message": "page 5 of 5",
     }
     assert progress["updated_at"]
+
+
+def test_progress_is_written_at_most_about_once_a_second_and_when_the_run_ends():
+    """200 calls in well under a second: the first is written at once, the last when the run
+    ends, none between (the write is throttled, one UPDATE of the job's row each)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = jobqueue.enqueue("durable.progressing", {"steps": 200})
+    with CaptureQueriesContext(connection) as queries:
+        run_jobs()
+    progress = re.compile(r"^UPDATE .* SET [`\"]progress[`\"] =")
+    writes = [q["sql"] for q in queries.captured_queries if progress.match(q["sql"])]
+    assert 1 <= len(writes) <= 3, writes  # the first, the last, and one a second between
+    assert refreshed(job).progress["current"] == 200
 
 
 # -- records read with the claim ---------------------------------------------------------------
