@@ -260,6 +260,12 @@ class Job(models.Model):
         return self.state in self.TERMINAL_STATES
 
     @property
+    def in_graph(self) -> bool:
+        """Whether the job has dependents, a container or children of its own: its end has
+        the graph to move too (as ClaimedJob.in_graph, for the row as it is here)."""
+        return bool(self.has_dependents or self.has_children or self.parent_id is not None)
+
+    @property
     def timeout_delta(self) -> dt.timedelta | None:
         """The timeout as a timedelta, or None."""
         return None if self.timeout is None else dt.timedelta(seconds=self.timeout)
