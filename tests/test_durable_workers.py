@@ -112,6 +112,19 @@ def test_events_reach_the_jobs_of_worker_processes_as_sent(start_worker):
     )
 
 
+def test_timeout_bounds_each_run_between_suspensions_not_the_whole_job(start_worker):
+    """A job with a 3 s timeout works 1.5 s in each of three runs, sleeping between them:
+    4.5 s of work in all, each run well inside its 3 s. It ends done on its one attempt."""
+    job = jobqueue.enqueue(
+        "durable.work_and_nap", {"runs": 3, "work": 1.5}, timeout=3, max_attempts=1
+    )
+    start_worker("--concurrency", "2", *FAST)
+    done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    assert (done.state, done.attempts, done.result) == (Job.State.DONE, 1, 3), done.last_error
+    took = (done.finished_at - done.first_started_at).total_seconds()
+    assert took >= 4.5  # longer than the timeout: it bounds each run, not the job
+
+
 def test_a_job_waiting_for_its_children_gives_back_its_place(start_worker):
     # The children wait for an event sent once the others have run: the parent still waits
     # for them then, however slowly a loaded machine ran the others.

@@ -183,6 +183,17 @@ def naps(ctx: jobqueue.JobContext, count: int, until: str = "") -> int:
     return ctx.step("done", lambda: count)
 
 
+@jobqueue.handler("durable.work_and_nap", takes_context=True)
+def work_and_nap(ctx: jobqueue.JobContext, runs: int, work: float) -> int:
+    """`runs` runs of `work` seconds each (a step: a replay does not redo it), a short
+    durable sleep after each but the last."""
+    for n in range(runs):
+        ctx.step(f"work-{n}", time.sleep, work)
+        if n + 1 < runs:
+            ctx.sleep(0.05)
+    return runs
+
+
 @jobqueue.handler("durable.child", takes_context=True)
 def child(ctx: jobqueue.JobContext, i: int, marker: str = "", fail: bool = False) -> int:
     if marker:
