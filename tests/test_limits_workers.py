@@ -133,3 +133,17 @@ def test_a_live_change_of_a_limit_is_followed_within_two_seconds(start_worker):
     assert later, "the jobs ran out before the change could show"
     overlap = max_overlap(later)
     assert 2 <= overlap <= 3, overlap
+
+
+def test_a_reset_goes_back_to_the_settings_value_within_two_seconds(start_worker):
+    call_command("jobqueue_limits", "set", "live", "--concurrency", "3", stdout=StringIO())
+    jobs = [jobqueue.enqueue("limits.work", {"sleep": 0.3}, uses={"live": 1}) for _ in range(50)]
+    ids = [j.pk for j in jobs]
+    workers = fleet(start_worker)
+    poll(lambda: max_overlap(run_intervals(pk__in=ids)) >= 2)  # the change is in force
+    call_command("jobqueue_limits", "reset", "live", stdout=StringIO())
+    reset = time.time()
+    drain(workers, jobs)
+    later = [(start, end) for start, end in run_intervals(pk__in=ids) if start >= reset + 2.0]
+    assert later, "the jobs ran out before the reset could show"
+    assert max_overlap(later) == 1  # LIMITS' own concurrency of 1 again
