@@ -260,8 +260,11 @@ def statements_of(action: Any) -> list[str]:
     statements = []
     for query in captured.captured_queries:
         sql = query["sql"]
-        # A worker's transaction on PostgreSQL sends its lock bounds with its first statement,
-        # as one query (dialects/postgresql.py, transaction_waits): two statements.
+        # A worker's transaction on PostgreSQL sends its BEGIN and its lock bounds with its
+        # first statement, as one query (dialects/postgresql.py, transaction_waits).
+        if sql.startswith("BEGIN; "):
+            statements.append("BEGIN")
+            sql = sql.removeprefix("BEGIN; ")
         if sql.startswith("SELECT set_config(") and "; " in sql:
             statements += sql.split("; ", 1)
         else:
