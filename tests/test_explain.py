@@ -455,6 +455,18 @@ def statistics(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def _reads_a_range(node: dict[str, Any]) -> bool:
+    """Whether a PostgreSQL plan node reads the job table beyond the rows it looks up: a
+    sequential scan, or a bitmap scan over anything but primary-key lookups (the planner takes
+    a bitmap of primary-key lookups over an index scan as the statistics go, for instance once
+    autovacuum analyzed the table in the middle of a test: it reads only those rows)."""
+    if node.get("Relation Name") != TABLE:
+        return False
+    if node["Node Type"] == "Bitmap Heap Scan":
+        return not re.match(r"\(id = ", node.get("Recheck Cond", ""))
+    return node["Node Type"] == "Seq Scan"
+
+
 def full_scans(sql: str) -> tuple[bool, str]:
     """Whether the plan of `sql` reads the whole job table (or all of an index), and the plan
     in short: one line per node."""
@@ -468,14 +480,7 @@ def full_scans(sql: str) -> tuple[bool, str]:
                 f"{n.get('Index Cond', '')} {n.get('Recheck Cond', '')}"
                 for n in nodes
             )
-            return (
-                any(
-                    n.get("Relation Name") == TABLE
-                    and n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")
-                    for n in nodes
-                ),
-                text,
-            )
+            return any(_reads_a_range(n) for n in nodes), text
         if connection.vendor == "mysql":
             cursor.execute(f"EXPLAIN {sql}")
             columns = [c[0].lower() for c in cursor.description]
