@@ -96,6 +96,26 @@ def main() -> None:
             what = f"mean in flight under a concurrency of 8 ({db})"
             ok = near["cap_8_mean_in_flight"] >= 7
             rows.append(line(what, near["cap_8_mean_in_flight"], None, ">= 7", ok))
+        restart = own.get(("durable_restart", db, ""))
+        if restart:
+            what = f"s to finish after a crash in piece 19 of 20: steps / plain calls ({db})"
+            target = "about 1/20 (pieces 19 and 20 run again: 0.10 at best)"
+            rows.append(line(what, restart["steps_s"], restart["plain_s"], target,
+                             restart["ratio"] <= 0.15))  # fmt: skip
+        step = own.get(("durable_step_cost", db, ""))
+        if step:
+            what = f"ms of a no-op step / one enqueue() ({db})"
+            rows.append(line(what, step["step_ms"], step["enqueue_ms"], "< 2x", step["ratio"] < 2))
+        sleeps = own.get(("durable_sleep_drain", db, ""))
+        if sleeps:
+            what = f"jobs/s, each sleeping once / not ({db})"
+            rows.append(line(what, sleeps["sleeping_per_s"], sleeps["plain_per_s"],
+                             ">= 0.5x (within 2x)", sleeps["ratio"] >= 0.5))  # fmt: skip
+        beside = own.get(("durable_suspended_claim", db, ""))
+        if beside:
+            what = f"claim ms beside {beside['suspended']:,} suspended jobs / empty table ({db})"
+            rows.append(line(what, beside["full_ms"], beside["empty_ms"], "about 1x (<= 1.2x)",
+                             beside["ratio"] <= 1.2))  # fmt: skip
         for shape in ("dag", "container"):
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))
