@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from . import records
 from .dialects.fields import KeyField
 from .dialects.functions import DbNow
 from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
@@ -261,9 +262,8 @@ class Job(models.Model):
 
     @property
     def in_graph(self) -> bool:
-        """Whether the job has dependents, a container or children of its own: its end has
-        the graph to move too (as ClaimedJob.in_graph, for the row as it is here)."""
-        return bool(self.has_dependents or self.has_children or self.parent_id is not None)
+        """`records.in_graph()` of the row as it is here."""
+        return records.in_graph(self)
 
     @property
     def timeout_delta(self) -> dt.timedelta | None:

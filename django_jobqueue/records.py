@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 # The columns a claim reads back: what running the job needs, and when it became due (the
 # enqueue-to-start latency of metrics.py). A handler that takes a context gets a Job model
 # instance with these loaded and the others deferred (read on first access).
+# Whether the job is in a graph (see `in_graph`): read with the claim, but not taken into the
+# handler's Job instance (they may change while it runs: deferred, read anew there).
+_NOT_IN_MODEL = ("has_dependents", "has_children")
 CLAIM_FIELDS = (
     "id",
     "type",
@@ -31,14 +34,8 @@ CLAIM_FIELDS = (
     "has_steps",
     "created_at",
     "run_after",
-    # Whether the job is in a graph (not a model field the handler's Job instance loads: they
-    # may change while it runs). The completer sends only the others to the one-statement
-    # finish, which would leave these to the full transaction anyway.
-    "has_dependents",
-    "has_children",
+    *_NOT_IN_MODEL,
 )
-# CLAIM_FIELDS the handler's Job instance does not take from the claim (deferred, read anew).
-_NOT_IN_MODEL = ("has_dependents", "has_children")
 
 
 class ClaimedJob:
@@ -101,9 +98,8 @@ class ClaimedJob:
 
     @property
     def in_graph(self) -> bool:
-        """Whether, when claimed, the job had dependents, a container or children of its own:
-        its finish then has the graph to move too."""
-        return bool(self.has_dependents or self.has_children or self.parent_id is not None)
+        """`in_graph()` of the row as the claim read it."""
+        return in_graph(self)
 
     def model(self) -> Job:
         """The Job model instance (deferred fields load on first access)."""
@@ -116,6 +112,13 @@ class ClaimedJob:
 
     def __repr__(self) -> str:
         return f"<ClaimedJob {self.type} #{self.id} attempt {self.attempts}>"
+
+
+def in_graph(job: Job | ClaimedJob) -> bool:
+    """Whether the job has dependents, a container or children of its own: its end has the
+    graph to move too, so the completer sends it straight to the finish's transaction rather
+    than through the one-statement finish, which would leave it anyway."""
+    return bool(job.has_dependents or job.has_children or job.parent_id is not None)
 
 
 @dataclasses.dataclass(frozen=True)
