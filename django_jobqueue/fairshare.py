@@ -135,6 +135,7 @@ class FairShare:
         self._demand: list[GroupDemand] = []
         self._demand_until = 0.0
         self._candidate_sql: dict[Any, tuple[str, list[Any], int]] = {}
+        self._orderings: dict[int, tuple[JobQuerySet, JobQuerySet]] = {}  # see _ordered()
         self._overfetch = 1  # see OVERFETCH
         # Groups whose planned slots found no job that could start (all held back by their
         # resources), left out of the plan until then (monotonic): see _take_with_resources.
@@ -257,11 +258,10 @@ class FairShare:
         new since then gets its first slot at the next refresh. The view is not refreshed
         because a limit binds (that would be a GROUP BY over the ready set per claim).
         """
-        ordered = ready.order_by("-priority", "pk")
+        ordered = self._ordered(ready)
         demand = self._current_demand(ready)
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
-        jobs = Job.objects.using(dialect.using)
         groups = [d.group for d in demand]
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
         if dynamic is None:
@@ -274,7 +274,8 @@ class FairShare:
         # that no group cap governs (LIMITS alone, one group: a claim spares a query).
         if len(groups) > 1 or self.group_limits or self.dynamic:
             in_flight = dict(
-                jobs.in_flight()
+                Job.objects.using(dialect.using)
+                .in_flight()
                 .filter(group_key__in=groups)
                 .values_list("group_key")
                 .annotate(n=Count("pk"))
@@ -288,7 +289,7 @@ class FairShare:
         rated = self.rate_limits.room(dialect, groups)
         for group, left in rated.items():
             room[group] = left if room[group] is None else min(left, room[group] or 0)
-        queue_room = self._queue_room(jobs)
+        queue_room = self._queue_room(dialect.using)
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
@@ -392,10 +393,9 @@ class FairShare:
         # Every group held back (as a lone group would be): all are planned, as before.
         open_groups = [d for d in demand if d.group not in self._held_back] or demand
         slots = plan(limit, open_groups, in_flight, room)
-        skip = self.resources.skipped()  # found without room a moment ago
-        base = ordered.exclude(uses__has_any_keys=skip) if skip else ordered
+        skip = tuple(self.resources.skipped())  # found without room a moment ago
         fetched = {
-            group: self._candidates(dialect, base, (shape, tuple(skip)), group, n)
+            group: self._candidates(dialect, ordered, skip, shape, group, n)
             for group, n in slots.items()
         }
         self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
@@ -429,17 +429,35 @@ class FairShare:
             self._overfetch = max(1, self._overfetch - 1)
         return rows
 
+    def _ordered(self, ready: JobQuerySet) -> JobQuerySet:
+        """`ready` in the order a claim takes its jobs, built once per ready queryset (a
+        claim's `ready` is built once per shape: `leases._ready`)."""
+        found = self._orderings.get(id(ready))
+        if found is None or found[0] is not ready:
+            if len(self._orderings) >= CANDIDATE_SQL_KEPT:
+                self._orderings.clear()
+            found = self._orderings[id(ready)] = (ready, ready.order_by("-priority", "pk"))
+        return found[1]
+
     def _candidates(
-        self, dialect: Dialect, base: JobQuerySet, key: Any, group: str, slots: int
+        self,
+        dialect: Dialect,
+        ordered: JobQuerySet,
+        skip: tuple[str, ...],
+        shape: Any,
+        group: str,
+        slots: int,
     ) -> list[tuple[int, str, str, dict[str, int] | None]]:
-        """Lock the best ready jobs of `group` in `base`, more than its `slots`; return their
-        (id, queue, group, uses). `key` tells `base` from the other querysets a claim may
-        use: its SQL is compiled by the ORM once per key and count (the group a parameter)."""
+        """Lock the best ready jobs of `group` in `ordered` that use no resource of `skip`,
+        more than its `slots`; return their (id, queue, group, uses). `shape` tells `ordered`
+        from the other querysets a claim may use: the SQL is compiled by the ORM once per
+        shape, skipped resources and count (the group a parameter)."""
         count = (slots + 1) * self._overfetch
-        cache_key = (dialect.using, key, count)
+        cache_key = (dialect.using, shape, skip, count)
         if cache_key not in self._candidate_sql:
             if len(self._candidate_sql) >= CANDIDATE_SQL_KEPT:
                 self._candidate_sql.clear()
+            base = ordered.exclude(uses__has_any_keys=list(skip)) if skip else ordered
             query = dialect.lock(base.filter(group_key=_GROUP_MARK)).values_list(
                 "pk", "queue", "group_key", "uses"
             )[:count]
@@ -502,11 +520,12 @@ class FairShare:
                 ).values_list("key", flat=True)
             )
 
-    def _queue_room(self, jobs: JobQuerySet) -> dict[str, int]:
+    def _queue_room(self, using: str) -> dict[str, int]:
         if not self.queue_limits:
             return {}
         running = dict(
-            jobs.in_flight()
+            Job.objects.using(using)
+            .in_flight()
             .filter(queue__in=list(self.queue_limits))
             .values_list("queue")
             .annotate(n=Count("pk"))
