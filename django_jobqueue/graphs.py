@@ -339,7 +339,7 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
 
     def txn() -> None:
         for job in jobs:  # a retried attempt inserts afresh
-            job.pk = None
+            job.id = None
             job._state.adding = True
         _bulk_insert(using, jobs)
         for queue in {job.queue for job in jobs}:

@@ -539,3 +539,49 @@ def test_bulk_insert_keeps_each_rows_own_values() -> None:
         0,
     )
     assert (third.timeout, third.max_attempts, third.queue) == (2.5, 7, "default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_keeps_each_jobs_own_values_whichever_columns_vary() -> None:
+    # The bulk INSERT sends a column that every job holds the same value of once, and the
+    # others per job (Dialect._insert_document): each job must read back as it was given.
+    later = timezone.now().replace(microsecond=0) + dt.timedelta(hours=1)
+    specs: list[Any] = [
+        {"type": "test.noop", "args": {"n": 0}, "priority": 1},
+        {"type": "test.noop", "args": {"n": 1}, "priority": 1, "run_after": later},
+        {"type": "test.noop", "args": {"n": 2}, "priority": 5, "queue": "other"},
+        {"type": "test.noop", "args": {"n": 3}, "priority": 1, "group": "tenant-42"},
+    ]
+    jobs = jobqueue.enqueue_many(specs)
+    stored = {
+        job.pk: job
+        for job in Job.objects.filter(pk__in=[j.pk for j in jobs]).only(
+            "args", "priority", "queue", "run_after", "group_key", "state"
+        )
+    }
+    assert len(stored) == 4
+    for job, spec in zip(jobs, specs, strict=True):
+        row = stored[job.pk]
+        assert row.args == spec["args"]
+        assert row.priority == spec["priority"]
+        assert row.queue == spec.get("queue", "default")
+        assert row.run_after == spec.get("run_after")
+        assert row.group_key == spec.get("group", "")
+        assert row.state == ("scheduled" if "run_after" in spec else "ready")
+
+
+@pytest.mark.django_db
+def test_the_bulk_insert_sends_once_only_values_equal_and_of_one_type() -> None:
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.enqueuing import new_job
+
+    jobs = [new_job(type="test.noop", args={}, priority=p) for p in (1, 1, 1)]
+    jobs[2].priority = True  # equal to 1, of another type: it must travel per job
+    found = get_dialect("default")._insert_document(jobs)
+    assert found is not None
+    priority = next(n for n, f in enumerate(found.fields) if f.attname == "priority")
+    assert priority in found.varying and priority not in found.constants
+    args = next(n for n, f in enumerate(found.fields) if f.attname == "args")
+    assert found.constants[args] == "{}"
+    jobs[0].args = ("not", "a", "document")  # a tuple: the generic path takes the jobs
+    assert get_dialect("default")._insert_document(jobs) is None

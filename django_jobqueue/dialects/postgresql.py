@@ -359,7 +359,7 @@ class PostgreSQLDialect(Dialect):
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [*params, document])
             for job, (pk, created) in zip(jobs, cursor.fetchall(), strict=True):
-                job.pk = pk
+                job.id = pk  # the attribute, not the `pk` property: thousands of jobs
                 job.created_at = job.updated_at = created
                 job._state.adding = False
                 job._state.db = self.using

@@ -145,7 +145,7 @@ class SQLiteDialect(Dialect):
         for job, (pk, created) in zip(jobs, rows, strict=True):
             for convert in converters:
                 created = convert(created, created_at, self.connection)
-            job.pk = pk
+            job.id = pk  # the attribute, not the `pk` property
             job.created_at = job.updated_at = created
             job._state.adding = False
             job._state.db = self.using
