@@ -88,6 +88,11 @@ def main() -> None:
             what = f"claim ms, 10,000 tenant:* resources / no limits ({db})"
             ok = quota["ratio"] <= 2
             rows.append(line(what, quota["tenants_ms"], quota["plain_ms"], "<= 2x", ok))
+            if "interleaved_ratio" in quota:
+                what = f"the same, the two claims taking turns on one table ({db})"
+                ok = quota["interleaved_ratio"] <= 2
+                ms = (quota["interleaved_tenants_ms"], quota["interleaved_plain_ms"])
+                rows.append(line(what, *ms, "<= 2x", ok))
         near = own.get(("limits_approach", db, ""))
         if near:
             what = f'starts/s under "10/s" ({db})'

@@ -203,14 +203,27 @@ def new_job(**values: Any) -> Job:
     defaults are the model's own, taken once; mutable ones are fresh for each job. Job has no
     pre_init/post_init receivers of its own.
     """
+    job = job_from(defaults(), {})
+    job.__dict__.update(values)
+    return job
+
+
+def defaults() -> dict[str, Any]:
+    """The attribute values of a new Job (the model's defaults, taken once; not to be
+    changed: `job_from` copies them)."""
     global _DEFAULTS
     if _DEFAULTS is None:
         _DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
+    return _DEFAULTS
+
+
+def job_from(values: dict[str, Any], args: dict[str, Any]) -> Job:
+    """An unsaved Job with every attribute of `values` (all of a Job's: `defaults()` and
+    what a caller set on them) and `args`, the mutable ones fresh (see `new_job`)."""
     job = Job.__new__(Job)
-    job.__dict__.update(_DEFAULTS)
-    job.args, job.errors, job.worker_ids = {}, [], []
-    job.__dict__.update(values)
-    job._state = ModelState()
+    attributes = job.__dict__
+    attributes.update(values)
+    attributes.update(args=args, errors=[], worker_ids=[], _state=ModelState())
     return job
 
 

@@ -20,10 +20,11 @@ from .enqueuing import (
     _build,
     _check_refs,
     _ids,
+    defaults,
     enqueue,
+    job_from,
     mark_dependents,
     new_container,
-    new_job,
     runnable_state,
     waits_for,
 )
@@ -310,7 +311,7 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
     return get_dialect(builder.using).run_in_caller_transaction(write)
 
 
-# Per-job attributes that new_job() makes fresh and a template must not share between jobs.
+# Per-job attributes that job_from() makes fresh and a template must not share between jobs.
 _OWN = ("args", "errors", "worker_ids", "_state", "pk", "id")
 
 
@@ -329,12 +330,11 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
         template = templates.get(type_) if isinstance(type_, str) else None
         if template is None:
             job, _ = _build(type_, None, JobOptions(), settings)
-            template = {k: v for k, v in job.__dict__.items() if k not in _OWN}
-            template["state"] = Job.State.READY
+            own = {k: v for k, v in job.__dict__.items() if k not in _OWN}
+            template = {**defaults(), **own, "state": Job.State.READY}
             templates[type_] = template
-        job = new_job(**template)
-        job.args = validation.check_args(type_, spec.get("args"), settings.max_args_bytes)
-        jobs.append(job)
+        args = validation.check_args(type_, spec.get("args"), settings.max_args_bytes)
+        jobs.append(job_from(template, args))
     using = settings.database
 
     def txn() -> None:
