@@ -357,11 +357,13 @@ class FairShare:
             if not slots:
                 break
             for group, n in slots.items():
-                got = list(
-                    dialect.lock(
-                        ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
-                    ).values_list("pk", "queue", "group_key")[:n]
-                )
+                query = dialect.lock(
+                    ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
+                ).values_list("pk", "queue", "group_key")[:n]
+                sql, params = dialect.compile_query(query)
+                with dialect.connection.cursor() as cursor:
+                    cursor.execute(dialect.one_group_sql(sql), params)
+                    got = [tuple(row) for row in cursor.fetchall()]
                 if len(got) < n:
                     short.add(group)
                 taken[group] = taken.get(group, 0) + len(got)
@@ -462,6 +464,7 @@ class FairShare:
                 "pk", "queue", "group_key", "uses"
             )[:count]
             sql, params = dialect.compile_query(query)
+            sql = dialect.one_group_sql(sql)
             self._candidate_sql[cache_key] = (sql, params, params.index(_GROUP_MARK))
         sql, params, at = self._candidate_sql[cache_key]
         params = list(params)

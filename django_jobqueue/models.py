@@ -14,6 +14,9 @@ from .dialects.fields import KeyField
 from .dialects.functions import DbNow
 from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
 
+# The index of the ready jobs of one group, in claim order (a dialect may name it in a hint).
+READY_GROUP_INDEX = "jobqueue_job_ready_group"
+
 
 class JobQuerySet(models.QuerySet["Job"]):
     """Querysets whose methods name states."""
@@ -158,7 +161,7 @@ class Job(models.Model):
             StateIndex(
                 fields=["group_key", "-priority", "id"],
                 state="ready",
-                name="jobqueue_job_ready_group",
+                name=READY_GROUP_INDEX,
             ),
             # Scheduled jobs by due time, for the promoter.
             StateIndex(

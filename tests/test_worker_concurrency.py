@@ -52,8 +52,11 @@ def race(start_worker, jobs: int, groups: tuple[str, ...] = ("",)) -> None:
     assert RunRecord.objects.count() == jobs
     assert set(RunRecord.objects.values_list("job_id", flat=True)) == ids
     assert set(RunRecord.objects.values_list("attempt", flat=True)) == {1}
-    # The race was real: every process got a share of the work.
-    assert set(RunRecord.objects.values_list("worker_pid", flat=True)) == {w.pid for w in workers}
+    # The race was real: several processes claimed from the same jobs. (Not necessarily all
+    # of them: a worker claims up to 128 short jobs at once, and on a busy machine two workers
+    # could drain the 600 jobs of the fair-share race before the others were scheduled.)
+    pids = set(RunRecord.objects.values_list("worker_pid", flat=True))
+    assert pids <= {w.pid for w in workers} and len(pids) >= 2, pids
     # No worker hit lock trouble it could not absorb (on SQLite: no "database is locked").
     for worker in workers:
         assert_clean_log(worker.output())

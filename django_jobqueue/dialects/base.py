@@ -485,6 +485,11 @@ class Dialect:
         sql, params = compiler.compile(expression.resolve_expression(query))
         return sql, list(params)
 
+    def one_group_sql(self, sql: str) -> str:
+        """`sql`, a SELECT of the ready jobs of one group in claim order (compiled by the ORM
+        from the job table), as this database should run it. Here: as it is."""
+        return sql
+
     def compile_query(self, queryset: QuerySet[Any]) -> tuple[str, list[Any]]:
         """Return the SQL and parameters of a SELECT queryset (inside a transaction)."""
         sql, params = queryset.query.get_compiler(using=self.using).as_sql()

@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from django.db.models import Expression, F, Func, JSONField, Value
 
 from ..exceptions import UnsupportedDatabaseError
+from ..models import READY_GROUP_INDEX, Job
 from .base import Dialect
 
 MYSQL_MIN = (8, 0, 1)
@@ -35,6 +36,16 @@ def version_error(is_mariadb: bool, version: tuple[int, ...]) -> str | None:
 class MySQLDialect(Dialect):
     vendor = "mysql"
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
+
+    def one_group_sql(self, sql: str) -> str:
+        # The optimizer takes the ready index (state, priority, id), whose order is the
+        # claim's, and filters the group: behind another group's backlog it read the whole
+        # backlog at every claim (24 ms instead of 0.4 ms behind 20,000 jobs). The group's
+        # own index has the same order.
+        table = self.qn(Job._meta.db_table)
+        return sql.replace(
+            f"FROM {table}", f"FROM {table} FORCE INDEX ({self.qn(READY_GROUP_INDEX)})", 1
+        )
 
     def check_server(self) -> None:
         conn: Any = self.connection
