@@ -358,25 +358,34 @@ def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
 
 def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
     """With several groups, each group's best ready jobs come from the group index."""
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.fairshare import FairShare
 
-    dialect = get_dialect("default")
     fair_share = FairShare(conf.get())
+    per_group = group_reads(fair_share)
+    used, _, plan = explain_sql(per_group[0])
+    assert GROUP_INDEX in used, plan
+
+
+def group_reads(fair_share: Any, group: str = "") -> list[str]:
+    """The statements of a fair-share claim of 8 that read the ready jobs of one group
+    (`group`, or any): not the demand view, a GROUP BY."""
+    from django_jobqueue import leases
+
+    dialect = get_dialect("default")
     statements = statements_of(
         lambda: leases.claim(
             dialect, owner="explain", queues=[], limit=8, lease_ttl=30, fair_share=fair_share
         )
     )
-    # The per-group reads filter on one group; the demand view (a GROUP BY) is not one of them.
-    per_group = [
+    one = rf"group_key[\"`]? = '?{re.escape(group)}" if group else r"group_key[\"`]? = "
+    reads = [
         sql
         for sql in job_statements(statements, "SELECT")
-        if re.search(r"group_key[\"`]? = ", sql) and "GROUP BY" not in sql.upper()
+        if re.search(one, sql) and "GROUP BY" not in sql.upper()
     ]
-    assert per_group, statements
-    used, _, plan = explain_sql(per_group[0])
-    assert GROUP_INDEX in used, plan
+    assert reads, statements
+    return reads
 
 
 # Another group's backlog ahead of a group's jobs. At this size MariaDB's optimizer still
@@ -394,7 +403,7 @@ def test_a_group_behind_another_groups_backlog_is_read_from_the_group_index(limi
     20,000 jobs)."""
     from django.test import override_settings
 
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.fairshare import FairShare
 
     settings = {"LIMITS": {"tenant:*": {"concurrency": 1}}} if limits else {"GROUP_LIMITS": {}}
@@ -408,21 +417,8 @@ def test_a_group_behind_another_groups_backlog_is_read_from_the_group_index(limi
         Job(type="test.noop", state=Job.State.READY, group_key="b", uses=uses(n)) for n in range(20)
     )
     analyze()
-    dialect = get_dialect("default")
     with override_settings(JOBQUEUE=settings):
-        fair_share = FairShare(conf.get())
-        statements = statements_of(
-            lambda: leases.claim(
-                dialect, owner="explain", queues=[], limit=8, lease_ttl=30,
-                fair_share=fair_share,
-            )
-        )  # fmt: skip
-    behind = [
-        sql
-        for sql in job_statements(statements, "SELECT")
-        if re.search(r"group_key[\"`]? = '?b'?", sql) and "GROUP BY" not in sql.upper()
-    ]
-    assert behind, statements
+        behind = group_reads(FairShare(conf.get()), "b")
     used, sorts, plan = explain_sql(behind[0])
     assert used == {GROUP_INDEX}, plan
     assert not sorts, plan
