@@ -16,6 +16,8 @@ from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
 
 # The index of the ready jobs of one group, in claim order (a dialect may name it in a hint).
 READY_GROUP_INDEX = "jobqueue_job_ready_group"
+# The index of the ready jobs of one queue, in claim order.
+READY_QUEUE_INDEX = "jobqueue_job_ready_queue"
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -163,6 +165,9 @@ class Job(models.Model):
                 state="ready",
                 name=READY_GROUP_INDEX,
             ),
+            # The best ready job of one queue, for a worker that serves one queue: through the
+            # ready index it would read every other queue's ready jobs ahead of its own.
+            StateIndex(fields=["queue", "-priority", "id"], state="ready", name=READY_QUEUE_INDEX),
             # Scheduled jobs by due time, for the promoter.
             StateIndex(
                 fields=["run_after", "id"], state="scheduled", name="jobqueue_job_scheduled"

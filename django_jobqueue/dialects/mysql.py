@@ -12,7 +12,8 @@ from django.db import DatabaseError
 from django.db.models import Expression, F, Func, JSONField, Value
 
 from ..exceptions import UnsupportedDatabaseError
-from ..models import READY_GROUP_INDEX, Job
+from ..models import READY_GROUP_INDEX, READY_QUEUE_INDEX, Job, JobQuerySet
+from ..records import CLAIM_FIELDS, ClaimedJob
 from .base import Dialect
 
 MYSQL_MIN = (8, 0, 1)
@@ -37,15 +38,44 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
 
+    def claim_ready(
+        self,
+        ready: JobQuerySet,
+        *,
+        owner: str,
+        limit: int,
+        lease_ttl: float,
+        shape: Any = None,
+    ) -> list[ClaimedJob]:
+        queues = shape[0] if shape else ()
+        if len(queues) != 1:
+            return super().claim_ready(
+                ready, owner=owner, limit=limit, lease_ttl=lease_ttl, shape=shape
+            )
+        # One queue: read through its own ready index, named. Left to itself the optimizer
+        # took the ready index (the claim's order) and read every other queue's ready jobs
+        # ahead of this one's at each claim, or the waiting-queue index and a sort.
+        query = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
+        compiler = query.query.get_compiler(using=self.using)
+        sql, params = compiler.as_sql()
+        with self.connection.cursor() as cursor:
+            cursor.execute(self._force_index(sql, READY_QUEUE_INDEX), params)
+            rows = cursor.fetchall()
+        converters = compiler.get_converters([column for column, _, _ in compiler.select])
+        rows = list(compiler.apply_converters(rows, converters)) if converters else rows
+        return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
+
     def one_group_sql(self, sql: str) -> str:
         # The optimizer takes the ready index (state, priority, id), whose order is the
         # claim's, and filters the group: behind another group's backlog it read the whole
         # backlog at every claim (24 ms instead of 0.4 ms behind 20,000 jobs). The group's
         # own index has the same order.
+        return self._force_index(sql, READY_GROUP_INDEX)
+
+    def _force_index(self, sql: str, index: str) -> str:
+        """`sql`, a SELECT from the job table, reading it through `index` only."""
         table = self.qn(Job._meta.db_table)
-        return sql.replace(
-            f"FROM {table}", f"FROM {table} FORCE INDEX ({self.qn(READY_GROUP_INDEX)})", 1
-        )
+        return sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({self.qn(index)})", 1)
 
     def check_server(self) -> None:
         conn: Any = self.connection
