@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
@@ -360,10 +361,14 @@ class FairShare:
                 query = dialect.lock(
                     ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
                 ).values_list("pk", "queue", "group_key")[:n]
-                sql, params = dialect.compile_query(query)
-                with dialect.connection.cursor() as cursor:
-                    cursor.execute(dialect.one_group_sql(sql), params)
-                    got = [tuple(row) for row in cursor.fetchall()]
+                try:
+                    sql, params = dialect.compile_query(query)
+                except EmptyResultSet:  # a filter that matches nothing (no handler types)
+                    got = []
+                else:
+                    with dialect.connection.cursor() as cursor:
+                        cursor.execute(dialect.one_group_sql(sql), params)
+                        got = [tuple(row) for row in cursor.fetchall()]
                 if len(got) < n:
                     short.add(group)
                 taken[group] = taken.get(group, 0) + len(got)

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf, signals, validation, wake, workflows
+from . import conf, registry, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
     CANCEL_FIELDS,
@@ -311,6 +311,8 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
     return get_dialect(builder.using).run_in_caller_transaction(write)
 
 
+# The template of a type whose handler computes its jobs' `uses` from their args.
+_EACH: dict[str, Any] = {}
 # Per-job attributes that job_from() makes fresh and a template must not share between jobs.
 _OWN = ("args", "errors", "worker_ids", "_state", "pk", "id")
 
@@ -329,10 +331,18 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
         type_ = spec["type"]
         template = templates.get(type_) if isinstance(type_, str) else None
         if template is None:
-            job, _ = _build(type_, None, JobOptions(), settings)
-            own = {k: v for k, v in job.__dict__.items() if k not in _OWN}
-            template = {**defaults(), **own, "state": Job.State.READY}
+            if isinstance(type_, str) and callable(registry.get(type_).uses):
+                template = _EACH  # what it uses depends on its args: each job built in full
+            else:
+                job, _ = _build(type_, None, JobOptions(), settings)
+                own = {k: v for k, v in job.__dict__.items() if k not in _OWN}
+                template = {**defaults(), **own, "state": Job.State.READY}
             templates[type_] = template
+        if template is _EACH:
+            job, _ = _build(type_, spec.get("args"), JobOptions(), settings)
+            job.state = Job.State.READY
+            jobs.append(job)
+            continue
         args = validation.check_args(type_, spec.get("args"), settings.max_args_bytes)
         jobs.append(job_from(template, args))
     using = settings.database

@@ -427,6 +427,45 @@ def test_a_group_behind_another_groups_backlog_is_read_from_the_group_index(limi
 QUEUE_INDEX = "jobqueue_job_ready_queue"
 
 
+def test_a_queue_behind_another_queues_backlog_is_read_from_the_queue_index_under_limits() -> None:
+    """The same under LIMITS, where the claim reads the candidates of each group: a group
+    that spans both queues must not be read through the ready index either (on MySQL and
+    MariaDB the group's read names its indexes: the queue's must stay among them)."""
+    from django.test import override_settings
+
+    from django_jobqueue import conf, leases
+    from django_jobqueue.fairshare import FairShare
+
+    Job.objects.bulk_create(
+        (Job(type="test.noop", state=Job.State.READY, queue="a", uses={f"tenant:{n}": 1})
+         for n in range(BACKLOG)),
+        batch_size=500,
+    )  # fmt: skip
+    Job.objects.bulk_create(
+        Job(type="test.noop", state=Job.State.READY, queue="b", uses={f"tenant:{n}": 1})
+        for n in range(20)
+    )
+    analyze()
+    dialect = get_dialect("default")
+    claimed: list[Any] = []
+    with override_settings(JOBQUEUE={"LIMITS": {"tenant:*": {"concurrency": 1}}}):
+        fair_share = FairShare(conf.get())
+        statements = statements_of(
+            lambda: claimed.extend(
+                leases.claim(
+                    dialect, owner="explain", queues=["b"], limit=10, lease_ttl=30,
+                    fair_share=fair_share,
+                )
+            )
+        )  # fmt: skip
+    assert {job.queue for job in claimed} == {"b"} and claimed
+    reads = [s for s in job_statements(statements, "SELECT") if "GROUP BY" not in s.upper()]
+    reads = [s for s in reads if re.search(r"group_key[\"`]? = ", s)]
+    assert reads, statements
+    used, _, plan = explain_sql(reads[0])
+    assert READY_INDEX not in used and GROUP_INDEX not in used, plan
+
+
 def test_a_queue_behind_another_queues_backlog_is_read_from_the_queue_index() -> None:
     """A worker that serves one queue reads that queue's ready jobs from the queue's index:
     through the ready index it read every other queue's ready jobs ahead of its own at each

@@ -128,6 +128,14 @@ def test_a_spawned_child_and_a_django_task_store_what_they_use():
 def test_a_handler_gives_a_default_from_the_arguments():
     job = jobqueue.enqueue("limits.tenant_work", {"tenant": 42})
     assert Job.objects.get(pk=job.pk).uses == {"tenant:42": 1}
+    # enqueue_many() of (type, args) specs too: each job from its own arguments.
+    many = jobqueue.enqueue_many([("limits.tenant_work", {"tenant": t}) for t in (1, 2, 1)])
+    assert [Job.objects.get(pk=j.pk).uses for j in many] == [
+        {"tenant:1": 1},
+        {"tenant:2": 1},
+        {"tenant:1": 1},
+    ]
+    assert [j.state for j in many] == ["ready"] * 3
     assert Job.objects.get(pk=jobqueue.enqueue("limits.static_default").pk).uses == {"api": 1}
     mine = jobqueue.enqueue("limits.tenant_work", {"tenant": 42}, uses={"api": 1})
     assert Job.objects.get(pk=mine.pk).uses == {"api": 1}  # given: the default is not used

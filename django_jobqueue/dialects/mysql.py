@@ -8,6 +8,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from django.core import checks
+from django.core.exceptions import EmptyResultSet
 from django.db import DatabaseError
 from django.db.models import Expression, F, Func, JSONField, Value
 
@@ -57,7 +58,10 @@ class MySQLDialect(Dialect):
         # ahead of this one's at each claim, or the waiting-queue index and a sort.
         query = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
         compiler = query.query.get_compiler(using=self.using)
-        sql, params = compiler.as_sql()
+        try:
+            sql, params = compiler.as_sql()
+        except EmptyResultSet:  # a filter that matches nothing (no handler types)
+            return []
         with self.connection.cursor() as cursor:
             cursor.execute(self._force_index(sql, READY_QUEUE_INDEX), params)
             rows = cursor.fetchall()
@@ -70,12 +74,14 @@ class MySQLDialect(Dialect):
         # claim's, and filters the group: behind another group's backlog it read the whole
         # backlog at every claim (24 ms instead of 0.4 ms behind 20,000 jobs). The group's
         # own index has the same order.
-        return self._force_index(sql, READY_GROUP_INDEX)
+        # A worker that serves one queue may read the queue's index instead: the choice
+        # between the two is left to the optimizer, the ready index ruled out.
+        return self._force_index(sql, READY_GROUP_INDEX, READY_QUEUE_INDEX)
 
-    def _force_index(self, sql: str, index: str) -> str:
-        """`sql`, a SELECT from the job table, reading it through `index` only."""
-        table = self.qn(Job._meta.db_table)
-        return sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({self.qn(index)})", 1)
+    def _force_index(self, sql: str, *indexes: str) -> str:
+        """`sql`, a SELECT from the job table, reading it through one of `indexes` only."""
+        table, names = self.qn(Job._meta.db_table), ", ".join(map(self.qn, indexes))
+        return sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({names})", 1)
 
     def check_server(self) -> None:
         conn: Any = self.connection
