@@ -20,13 +20,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import EmptyResultSet
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
 from . import pausing, quotas
 from .dialects.base import read_json
-from .models import ConcurrencyLimit, Job, JobQuerySet
+from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, ConcurrencyLimit, Job, JobQuerySet
 from .ratelimits import RateLimits
 
 if TYPE_CHECKING:
@@ -52,6 +51,9 @@ CANDIDATE_SQL_KEPT = 64
 # Seconds a group none of whose candidates could start stays out of the plan (as long as a
 # resource found without room is skipped: quotas.Resources.take).
 HELD_BACK_FOR = 0.25
+# The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
+# that serves one queue) the queue's; never the ready index, which holds every group's.
+ONE_GROUP = (READY_GROUP_INDEX, READY_QUEUE_INDEX)
 _GROUP_MARK = "\x00group"  # the group's place among the compiled statement's parameters
 
 
@@ -361,14 +363,7 @@ class FairShare:
                 query = dialect.lock(
                     ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
                 ).values_list("pk", "queue", "group_key")[:n]
-                try:
-                    sql, params = dialect.compile_query(query)
-                except EmptyResultSet:  # a filter that matches nothing (no handler types)
-                    got = []
-                else:
-                    with dialect.connection.cursor() as cursor:
-                        cursor.execute(dialect.one_group_sql(sql), params)
-                        got = [tuple(row) for row in cursor.fetchall()]
+                got = [tuple(row) for row in dialect.read_through(query, ONE_GROUP)]
                 if len(got) < n:
                     short.add(group)
                 taken[group] = taken.get(group, 0) + len(got)
@@ -469,7 +464,7 @@ class FairShare:
                 "pk", "queue", "group_key", "uses"
             )[:count]
             sql, params = dialect.compile_query(query)
-            sql = dialect.one_group_sql(sql)
+            sql = dialect.hinted_sql(sql, ONE_GROUP)
             self._candidate_sql[cache_key] = (sql, params, params.index(_GROUP_MARK))
         sql, params, at = self._candidate_sql[cache_key]
         params = list(params)

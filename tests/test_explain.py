@@ -390,7 +390,7 @@ def group_reads(fair_share: Any, group: str = "") -> list[str]:
 
 # Another group's backlog ahead of a group's jobs. At this size MariaDB's optimizer still
 # picks the group index by itself; in bench/limits_claim.py's interleaved claims (20,000 jobs
-# of another queue and group ahead) it did not, and the hint (MySQLDialect.one_group_sql)
+# of another queue and group ahead) it did not, and the hint (MySQLDialect.hinted_sql)
 # took those claims from 24 ms to 0.4 ms: this holds the hint's plan, it did not fail before.
 BACKLOG = 3000
 

@@ -40,7 +40,7 @@ from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 from django.utils import timezone
 
-from ..models import Job, JobDependency, JobQuerySet, JobStep, Limit
+from ..models import READY_QUEUE_INDEX, Job, JobDependency, JobQuerySet, JobStep, Limit
 from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
 from .functions import DbNow
 
@@ -485,10 +485,16 @@ class Dialect:
         sql, params = compiler.compile(expression.resolve_expression(query))
         return sql, list(params)
 
-    def one_group_sql(self, sql: str) -> str:
-        """`sql`, a SELECT of the ready jobs of one group in claim order (compiled by the ORM
-        from the job table), as this database should run it. Here: as it is."""
+    def hinted_sql(self, sql: str, indexes: Sequence[str]) -> str:
+        """`sql`, a SELECT of ready jobs from the job table (compiled by the ORM), reading the
+        table through one of `indexes` where this database's optimizer needs telling. Here:
+        as it is (the planner picks them by itself)."""
         return sql
+
+    def read_through(self, query: QuerySet[Any], indexes: Sequence[str]) -> list[Any]:
+        """The rows of `query`, a `values_list` of ready jobs, read through one of `indexes`
+        (`hinted_sql`). Here: as the ORM reads them."""
+        return list(query)
 
     def compile_query(self, queryset: QuerySet[Any]) -> tuple[str, list[Any]]:
         """Return the SQL and parameters of a SELECT queryset (inside a transaction)."""
@@ -711,7 +717,11 @@ class Dialect:
         Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
         by ids (two statements). `shape`: see compile_claim().
         """
-        rows = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
+        best = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
+        # A worker that serves one queue reads that queue's own index: through the ready
+        # index it would read every other queue's ready jobs ahead of its own.
+        one_queue = [READY_QUEUE_INDEX] if shape and len(shape[0]) == 1 else []
+        rows = self.read_through(best, one_queue)
         return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
 
     def mark_claimed(
