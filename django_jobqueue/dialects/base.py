@@ -512,11 +512,37 @@ class Dialect:
         """
         key = ("claim", shape, limit)
         if shape is None or key not in self._sql_cache:
-            self._sql_cache[key] = self.compile_locked(
-                ready.order_by("-priority", "pk").values("pk"), limit
-            )
+            if merges(shape):
+                self._sql_cache[key] = self.compile_merged(ready, limit, shape[0], ids=True)
+            else:
+                self._sql_cache[key] = self.compile_locked(
+                    ready.order_by("-priority", "pk").values("pk"), limit
+                )
         sql, params = self._sql_cache[key]
         return sql, list(params)
+
+    def compile_merged(
+        self, ready: JobQuerySet, limit: int, queues: Sequence[str], *, ids: bool
+    ) -> tuple[str, list[Any]]:
+        """The SQL of the best `limit` ready jobs of several `queues`, each queue's read from
+        its own index (READY_QUEUE_INDEX) and locked there, the reads merged in claim order.
+
+        Read through the ready index, a claim of queues `a` and `b` would read the ready jobs
+        of every other queue ahead of theirs. Each queue's read locks up to `limit` rows (SKIP
+        LOCKED): the rows the merge leaves out stay locked until the claim's transaction ends.
+        It selects the jobs' ids (`ids`), or their CLAIM_FIELDS.
+        """
+        fields = ("id", "priority") if ids else CLAIM_FIELDS
+        columns = "u.id" if ids else self.claim_columns("u.")
+        branches, params = [], []
+        for n, queue in enumerate(queues):
+            best = ready.filter(queue=queue).order_by("-priority", "pk").values_list(*fields)
+            sql, branch_params = self.compile_locked(best, limit)
+            branches.append(f"SELECT * FROM ({self.hinted_sql(sql, [READY_QUEUE_INDEX])}) AS q{n}")
+            params += branch_params
+        merged = " UNION ALL ".join(branches)
+        sql = f"SELECT {columns} FROM ({merged}) AS u ORDER BY u.priority DESC, u.id LIMIT {limit}"
+        return sql, params
 
     def compile_locked(self, queryset: QuerySet[Any], limit: int) -> tuple[str, list[Any]]:
         """The SQL and parameters of the first `limit` rows of `queryset`, with the claim's
@@ -717,6 +743,15 @@ class Dialect:
         Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
         by ids (two statements). `shape`: see compile_claim().
         """
+        if merges(shape):  # a few queues: each one's index, merged (compile_merged)
+            key = ("claim_rows", shape, limit)
+            if key not in self._sql_cache:
+                self._sql_cache[key] = self.compile_merged(ready, limit, shape[0], ids=False)
+            sql, params = self._sql_cache[key]
+            with self.connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                jobs = self.load_claimed(cursor.fetchall())
+            return self._mark(jobs, owner=owner, lease_ttl=lease_ttl)
         best = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
         # A worker that serves one queue reads that queue's own index: through the ready
         # index it would read every other queue's ready jobs ahead of its own.
@@ -866,6 +901,17 @@ class Dialect:
 def read_json(value: Any) -> Any:
     """A JSON column's value as read by a raw cursor: text on some backends, parsed on others."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+# A claim of at most this many queues (a worker's --queue list) reads each queue's ready
+# index and merges them (Dialect.compile_merged); a claim of more reads the ready index.
+MERGED_QUEUES = 8
+
+
+def merges(shape: Any) -> bool:
+    """Whether a claim of `shape` (queues, handler types, paused queues) merges its queues'
+    reads: it names from two to MERGED_QUEUES queues."""
+    return shape is not None and 1 < len(shape[0]) <= MERGED_QUEUES
 
 
 def _claim_fields(model: Any) -> list[Field[Any, Any]]:
