@@ -469,7 +469,7 @@ class FairShare:
         sql, params, at = self._candidate_sql[cache_key]
         params = list(params)
         params[at] = group
-        with dialect.connection.cursor() as cursor:
+        with dialect.cursor() as cursor:
             cursor.execute(sql, params)
             return [
                 (pk, queue, group_key, read_json(uses))

@@ -174,7 +174,7 @@ class Dialect:
         """Run `statements` (SQL, parameters) in order, each with its own snapshot, and return
         each one's rows. Here one after the other; a dialect may send them in one round trip."""
         results = []
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
                 results.append(cursor.fetchall())
@@ -324,6 +324,36 @@ class Dialect:
         yield
 
     @contextmanager
+    def cursor(self) -> Iterator[Any]:
+        """A cursor of this thread's connection for one statement (or a query of several).
+
+        Inside run_in_transaction() the transaction's statements sent through here share one
+        cursor (each new Django cursor cost about 25 µs of Python, a tenth of a statement on
+        the claim's path); elsewhere each gets its own, closed after.
+        """
+        conn = self.connection
+        shared = conn.__dict__.get("_jobqueue_cursor")
+        if shared is None:
+            with conn.cursor() as cursor:
+                yield cursor
+            return
+        if shared is _LAZY:
+            shared = conn.__dict__["_jobqueue_cursor"] = conn.cursor()
+        yield shared
+
+    @contextmanager
+    def _shared_cursor(self) -> Iterator[None]:
+        """The transaction's cursor for cursor(), made at its first use, closed at the end."""
+        conn = self.connection
+        conn.__dict__["_jobqueue_cursor"] = _LAZY
+        try:
+            yield
+        finally:
+            shared = conn.__dict__.pop("_jobqueue_cursor", None)
+            if shared is not None and shared is not _LAZY:
+                shared.close()
+
+    @contextmanager
     def _worker_waits(self) -> Iterator[None]:
         waits = getattr(self.connection, "_jobqueue_waits", None)
         if waits is None:  # not a worker's thread: the project's own settings apply
@@ -353,7 +383,7 @@ class Dialect:
             try:
                 with self._atomic():
                     self.begin()
-                    with self._worker_waits():
+                    with self._worker_waits(), self._shared_cursor():
                         return func()
             except DatabaseError as exc:
                 if not self.is_transient(exc):
@@ -902,6 +932,8 @@ def read_json(value: Any) -> Any:
     """A JSON column's value as read by a raw cursor: text on some backends, parsed on others."""
     return json.loads(value) if isinstance(value, str) else value
 
+
+_LAZY = object()  # Dialect.cursor(): the transaction's cursor is made at its first use
 
 # A claim of at most this many queues (a worker's --queue list) reads each queue's ready
 # index and merges them (Dialect.compile_merged); a claim of more reads the ready index.

@@ -150,7 +150,7 @@ class PostgreSQLDialect(Dialect):
         # One round trip where the cursor allows (`_client_side`): a claim under LIMITS sends
         # the lock of its resources and the read of their jobs in flight so, and the read
         # still takes its snapshot once the lock is held.
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             raw = _client_side(cursor)
             if len(statements) < 2 or raw is None:
                 return super().execute_together(statements)
@@ -410,7 +410,7 @@ class PostgreSQLDialect(Dialect):
             f"RETURNING {self.claim_columns('j.')}"
         )
         order = {pk: n for n, pk in enumerate(ids)}
-        with self.connection.cursor() as cursor:
+        with self.cursor() as cursor:
             if last and self._ends_with_this(cursor):
                 # The COMMIT in the same query, a round trip fewer; Django's commit at the end
                 # of the block then finds no transaction open, and sends nothing.
