@@ -571,6 +571,34 @@ def test_a_bulk_enqueue_keeps_each_jobs_own_values_whichever_columns_vary() -> N
 
 
 @pytest.mark.django_db
+def test_a_bulk_enqueue_stores_each_value_as_the_orm_would() -> None:
+    # Through the bulk INSERT's JSON document (JSON_TABLE on MariaDB, jsonb on PostgreSQL,
+    # json_each on SQLite): text beyond ASCII, floats, a JSON column's None as SQL NULL and
+    # its document as given, and the database's creation time. (Jobs with a unique key go
+    # one by one: their conflicts are handled job by job.)
+    from django.test import override_settings
+
+    specs: list[Any] = [
+        {"type": "test.noop", "args": {"name": "Zoë 😀 \"quoted\""}, "timeout": 2.5,
+         "uses": {"tenant:1": 2}, "max_attempts": 1},
+        {"type": "test.noop", "args": {"list": [1, None, True]}, "group": "Ünïcode"},
+    ]  # fmt: skip
+    before = timezone.now()
+    with override_settings(JOBQUEUE={"LIMITS": {"tenant:*": {"concurrency": 5}}}):
+        jobs = jobqueue.enqueue_many(specs)
+    assert len({job.pk for job in jobs}) == 2
+    first, second = (Job.objects.get(pk=job.pk) for job in jobs)
+    assert first.args == specs[0]["args"] and second.args == specs[1]["args"]
+    assert (first.timeout, second.timeout) == (2.5, None)
+    assert (first.uses, second.uses) == ({"tenant:1": 2}, None)
+    assert Job.objects.filter(pk=second.pk, uses__isnull=True).exists()
+    assert (first.max_attempts, second.group_key) == (1, "Ünïcode")
+    assert jobs[0].created_at == first.created_at and first.created_at >= before - dt.timedelta(
+        seconds=5
+    )
+
+
+@pytest.mark.django_db
 def test_the_bulk_insert_sends_once_only_values_equal_and_of_one_type() -> None:
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.enqueuing import new_job

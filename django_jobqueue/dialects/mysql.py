@@ -15,6 +15,7 @@ from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 from ..exceptions import UnsupportedDatabaseError
 from ..models import Job
 from .base import Dialect
+from .functions import DbNow
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)
@@ -198,6 +199,52 @@ class MySQLDialect(Dialect):
             function="JSON_ARRAY_APPEND",
             output_field=JSONField(),
         )
+
+    def insert_jobs(self, jobs: list[Job]) -> None:
+        # MariaDB (10.5+, which returns rows from an INSERT): one INSERT ... SELECT over a
+        # JSON document (JSON_TABLE), instead of Django's bulk_create, whose per-field
+        # preparation and the driver's escaping of every value cost about 180 µs a job.
+        # MySQL returns no rows from an INSERT: the generic path, one INSERT a job.
+        conn: Any = self.connection
+        found = (
+            self._insert_document(jobs) if conn.features.can_return_rows_from_bulk_insert else None
+        )
+        if found is None:
+            return super().insert_jobs(jobs)
+        now, _ = self.compile(DbNow())
+        values, params, paths = [], [], ["o FOR ORDINALITY"]
+        for n, field in enumerate(found.fields):
+            if n in found.constants:
+                values.append("%s")
+                params.append(found.constants[n])
+                continue
+            at = found.varying.index(n)
+            if isinstance(field, JSONField):  # a JSON null is SQL NULL, as the ORM stores it
+                paths.append(f"c{at} JSON PATH '$[{at}]'")
+                values.append(f"NULLIF(r.c{at}, 'null')")
+            else:
+                paths.append(f"c{at} {field.db_type(conn)} PATH '$[{at}]'")
+                values.append(f"r.c{at}")
+        columns = [self.qn(str(f.column)) for f in found.fields]
+        sql = (
+            f"INSERT INTO {self.qn(Job._meta.db_table)} "
+            f"({', '.join(columns)}, created_at, updated_at) "
+            f"SELECT {', '.join(values)}, {now}, {now} "
+            f"FROM JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(paths)})) AS r ORDER BY r.o "
+            "RETURNING id, created_at"
+        )
+        created_at = Job._meta.get_field("created_at")
+        converters = conn.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*params, found.document])
+            rows = sorted(cursor.fetchall())  # ids rise in the order the rows went in
+        for job, (pk, created) in zip(jobs, rows, strict=True):
+            for convert in converters:
+                created = convert(created, created_at, conn)
+            job.id = pk  # the attribute, not the `pk` property
+            job.created_at = job.updated_at = created
+            job._state.adding = False
+            job._state.db = self.using
 
     def is_transient(self, exc: BaseException) -> bool:
         args: Any = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())
