@@ -258,7 +258,8 @@ def _ref_id(ref: JobRef) -> int:
 
 
 def _bulk_insert(using: str, jobs: list[Job]) -> None:
-    """Insert `jobs`, setting their primary keys (one INSERT per 500 rows where possible)."""
+    """Insert `jobs`, setting their primary keys (Dialect.insert_jobs: one INSERT where it
+    can, in parts on MySQL/MariaDB to fit the server's packet size)."""
     get_dialect(using).insert_jobs(jobs)
 
 

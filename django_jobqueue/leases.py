@@ -139,9 +139,14 @@ def claim(
     # out too.
     if limit <= 0:  # no room: the one-statement claims would compile an empty LIMIT
         return []
+    types = registry.allowlist()
+    if not types:  # no handler here: nothing to claim (an empty IN list compiles to nothing)
+        return []
     using = dialect.using
     paused = fair_share.paused_queues(using) if fair_share else pausing.paused_queues(using)
-    shape = (tuple(queues), registry.allowlist(), paused)
+    # Each queue once: a claim of several queues reads each one (Dialect.compile_merged), and
+    # one read twice would hand the same rows twice (SKIP LOCKED skips others' locks only).
+    shape = (tuple(dict.fromkeys(queues)), types, paused)
     ready = _ready(using, *shape)
     dynamic = fair_share.ask_dynamic(ready) if fair_share is not None else {}
     if dialect.autocommit_statements and (

@@ -213,7 +213,7 @@ def test_claim_takes_only_the_queues_asked_for(dialect):
     assert [j.id for j in claimed] == [mine.pk]
 
 
-@pytest.mark.parametrize("others", [0, 8], ids=["two-queues", "ten-queues"])
+@pytest.mark.parametrize("others", [0, 8], ids=["a-few-queues", "past-the-merge"])
 def test_a_claim_of_several_queues_takes_their_best_jobs_in_claim_order(dialect, others):
     """A claim of two to eight queues merges one read per queue (compile_merged); of more,
     it reads the ready index: either way the best jobs of those queues, by priority then
@@ -229,6 +229,26 @@ def test_a_claim_of_several_queues_takes_their_best_jobs_in_claim_order(dialect,
     claimed = leases.claim(dialect, owner="w1", queues=queues, limit=4, lease_ttl=TTL)
     assert [j.id for j in claimed] == [j.pk for j in best]
     assert all(row(j.id)["state"] == Job.State.RUNNING for j in claimed)
+
+
+def test_a_queue_named_twice_is_read_once(dialect):
+    """Each queue's read of a merged claim locks its rows: a queue read twice would hand the
+    same jobs twice (a transaction's own locks are not skipped)."""
+    jobs = [JobFactory(queue=queue) for queue in ("a", "b") for _ in range(3)]
+    claimed = leases.claim(dialect, owner="w1", queues=["a", "a", "b"], limit=10, lease_ttl=TTL)
+    assert sorted(j.id for j in claimed) == sorted(j.pk for j in jobs)
+
+
+def test_a_worker_without_handlers_claims_nothing(dialect, monkeypatch):
+    """No handler type to claim: no job, and no statement that an empty list of types would
+    break (an empty IN list compiles to no SQL at all)."""
+    from django_jobqueue import registry
+
+    JobFactory(queue="a")
+    JobFactory(queue="b")
+    monkeypatch.setattr(registry, "allowlist", lambda: ())
+    for queues in ([], ["a"], ["a", "b"]):
+        assert leases.claim(dialect, owner="w1", queues=queues, limit=10, lease_ttl=TTL) == []
 
 
 def test_the_statements_of_a_worker_transaction_share_one_cursor(dialect):

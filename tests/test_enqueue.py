@@ -599,6 +599,26 @@ def test_a_bulk_enqueue_stores_each_value_as_the_orm_would() -> None:
 
 
 @pytest.mark.django_db
+def test_a_bulk_enqueue_larger_than_a_statement_may_be_goes_in_parts(monkeypatch) -> None:
+    # MySQL/MariaDB: one statement must fit the server's max_allowed_packet, so a document
+    # over the budget goes in halves, each job still once and with its own values.
+    from django.db import connection
+
+    from django_jobqueue.dialects import get_dialect
+
+    if connection.vendor != "mysql":
+        pytest.skip("only MySQL/MariaDB bound a statement's size (max_allowed_packet)")
+    weighed: list[int] = []  # each time a part's document is weighed against the budget
+    monkeypatch.setattr(
+        type(get_dialect("default")), "document_budget", lambda self: weighed.append(1) or 120
+    )
+    jobs = jobqueue.enqueue_many([("test.noop", {"n": n, "pad": "x" * 20}) for n in range(9)])
+    assert len(weighed) > 3  # the halves were made
+    stored = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "args"))
+    assert [stored[j.pk]["n"] for j in jobs] == list(range(9))
+
+
+@pytest.mark.django_db
 def test_the_bulk_insert_sends_once_only_values_equal_and_of_one_type() -> None:
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.enqueuing import new_job

@@ -17,7 +17,7 @@ import operator
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, NamedTuple, TypeVar
 
 from django.core import checks
@@ -344,14 +344,17 @@ class Dialect:
     @contextmanager
     def _shared_cursor(self) -> Iterator[None]:
         """The transaction's cursor for cursor(), made at its first use, closed at the end."""
-        conn = self.connection
+        conn: Any = self.connection
         conn.__dict__["_jobqueue_cursor"] = _LAZY
         try:
             yield
         finally:
             shared = conn.__dict__.pop("_jobqueue_cursor", None)
             if shared is not None and shared is not _LAZY:
-                shared.close()
+                # As Django's own cursors close: an error here (a connection gone) must not
+                # take the place of the transaction's own, which decides whether to retry.
+                with suppress(conn.Database.Error):
+                    shared.close()
 
     @contextmanager
     def _worker_waits(self) -> Iterator[None]:
@@ -542,8 +545,8 @@ class Dialect:
         """
         key = ("claim", shape, limit)
         if shape is None or key not in self._sql_cache:
-            if merges(shape):
-                self._sql_cache[key] = self.compile_merged(ready, limit, shape[0], ids=True)
+            if queues := merged_queues(shape):
+                self._sql_cache[key] = self.compile_merged(ready, limit, queues, ids=True)
             else:
                 self._sql_cache[key] = self.compile_locked(
                     ready.order_by("-priority", "pk").values("pk"), limit
@@ -773,12 +776,12 @@ class Dialect:
         Runs inside the claim transaction. Portable version: a locking read, then an UPDATE
         by ids (two statements). `shape`: see compile_claim().
         """
-        if merges(shape):  # a few queues: each one's index, merged (compile_merged)
+        if queues := merged_queues(shape):  # a few queues: each one's index, merged
             key = ("claim_rows", shape, limit)
             if key not in self._sql_cache:
-                self._sql_cache[key] = self.compile_merged(ready, limit, shape[0], ids=False)
+                self._sql_cache[key] = self.compile_merged(ready, limit, queues, ids=False)
             sql, params = self._sql_cache[key]
-            with self.connection.cursor() as cursor:
+            with self.cursor() as cursor:
                 cursor.execute(sql, params)
                 jobs = self.load_claimed(cursor.fetchall())
             return self._mark(jobs, owner=owner, lease_ttl=lease_ttl)
@@ -940,10 +943,14 @@ _LAZY = object()  # Dialect.cursor(): the transaction's cursor is made at its fi
 MERGED_QUEUES = 8
 
 
-def merges(shape: Any) -> bool:
-    """Whether a claim of `shape` (queues, handler types, paused queues) merges its queues'
-    reads: it names from two to MERGED_QUEUES queues."""
-    return shape is not None and 1 < len(shape[0]) <= MERGED_QUEUES
+def merged_queues(shape: Any) -> list[str]:
+    """The queues whose reads a claim of `shape` (queues, handler types, paused queues)
+    merges: its queues that are not paused, each once, if they are two to MERGED_QUEUES;
+    else none (the claim reads the ready index, or one queue's)."""
+    if shape is None:
+        return []
+    queues = [q for q in dict.fromkeys(shape[0]) if q not in shape[2]]
+    return queues if 1 < len(queues) <= MERGED_QUEUES else []
 
 
 def _claim_fields(model: Any) -> list[Field[Any, Any]]:

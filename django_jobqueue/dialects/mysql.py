@@ -38,6 +38,7 @@ def version_error(is_mariadb: bool, version: tuple[int, ...]) -> str | None:
 class MySQLDialect(Dialect):
     vendor = "mysql"
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
+    _budget: int | None = None  # see document_budget()
 
     def hinted_sql(self, sql: str, indexes: Sequence[str]) -> str:
         # Left to itself, the optimizer took the ready index (state, priority, id), whose
@@ -211,6 +212,13 @@ class MySQLDialect(Dialect):
         )
         if found is None:
             return super().insert_jobs(jobs)
+        if len(found.document) > self.document_budget() and len(jobs) > 1:
+            # A statement must fit the server's max_allowed_packet: the jobs in halves (in
+            # the caller's transaction still), each with a document of its own.
+            half = len(jobs) // 2
+            self.insert_jobs(jobs[:half])
+            self.insert_jobs(jobs[half:])
+            return None
         now, _ = self.compile(DbNow())
         values, params, paths = [], [], ["o FOR ORDINALITY"]
         for n, field in enumerate(found.fields):
@@ -245,6 +253,15 @@ class MySQLDialect(Dialect):
             job.created_at = job.updated_at = created
             job._state.adding = False
             job._state.db = self.using
+
+    def document_budget(self) -> int:
+        """The longest JSON document (ASCII) one bulk INSERT carries: a quarter of the
+        server's max_allowed_packet (the driver's escaping may double it), read once."""
+        if self._budget is None:
+            with self.connection.cursor() as cursor:
+                cursor.execute("SELECT @@max_allowed_packet")
+                self._budget = int(cursor.fetchone()[0]) // 4
+        return self._budget
 
     def is_transient(self, exc: BaseException) -> bool:
         args: Any = getattr(exc.__cause__, "args", None) or getattr(exc, "args", ())
