@@ -788,7 +788,7 @@ class Dialect:
         best = self.lock(ready.order_by("-priority", "pk")).values_list(*CLAIM_FIELDS)[:limit]
         # A worker that serves one queue reads that queue's own index: through the ready
         # index it would read every other queue's ready jobs ahead of its own.
-        one_queue = [READY_QUEUE_INDEX] if shape and len(shape[0]) == 1 else []
+        one_queue = [READY_QUEUE_INDEX] if len(served_queues(shape)) == 1 else []
         rows = self.read_through(best, one_queue)
         return self._mark(self._from_orm(rows), owner=owner, lease_ttl=lease_ttl)
 
@@ -943,13 +943,16 @@ _LAZY = object()  # Dialect.cursor(): the transaction's cursor is made at its fi
 MERGED_QUEUES = 8
 
 
+def served_queues(shape: Any) -> list[str]:
+    """The queues a claim of `shape` (queues, handler types, paused queues) names and may
+    take jobs of (not paused), each once; none when it names none (all queues)."""
+    return [] if shape is None else [q for q in dict.fromkeys(shape[0]) if q not in shape[2]]
+
+
 def merged_queues(shape: Any) -> list[str]:
-    """The queues whose reads a claim of `shape` (queues, handler types, paused queues)
-    merges: its queues that are not paused, each once, if they are two to MERGED_QUEUES;
-    else none (the claim reads the ready index, or one queue's)."""
-    if shape is None:
-        return []
-    queues = [q for q in dict.fromkeys(shape[0]) if q not in shape[2]]
+    """The queues whose reads a claim of `shape` merges (compile_merged): its served queues
+    if they are two to MERGED_QUEUES; else none (it reads the ready index, or one queue's)."""
+    queues = served_queues(shape)
     return queues if 1 < len(queues) <= MERGED_QUEUES else []
 
 
