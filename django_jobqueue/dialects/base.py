@@ -625,6 +625,43 @@ class Dialect:
             return
         Job.objects.using(self.using).bulk_create(jobs, batch_size=500)
 
+    def _insert_selected(
+        self,
+        jobs: list[Job],
+        found: JobDocument,
+        values: list[str],
+        params: list[Any],
+        source: str,
+        *,
+        sort_by_id: bool = False,
+    ) -> None:
+        """Insert `jobs` as `SELECT <values> FROM <source>` over their document (`found`,
+        from _insert_document): `values` gives each field's SQL, `params` the parameters of
+        the constant ones, and `source` reads the document, the statement's last parameter,
+        in the jobs' order. The jobs take the ids and creation times the rows return (in
+        their order, or sorted by id where the database returns them unordered)."""
+        now, _ = self.compile(DbNow())
+        columns = [self.qn(str(f.column)) for f in found.fields]
+        sql = (
+            f"INSERT INTO {self.qn(Job._meta.db_table)} "
+            f"({', '.join(columns)}, created_at, updated_at) "
+            f"SELECT {', '.join(values)}, {now}, {now} FROM {source} "
+            "RETURNING id, created_at"
+        )
+        conn = self.connection
+        created_at = Job._meta.get_field("created_at")
+        converters = conn.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
+        with self.cursor() as cursor:
+            cursor.execute(sql, [*params, found.document])
+            rows = cursor.fetchall()
+        for job, (pk, created) in zip(jobs, sorted(rows) if sort_by_id else rows, strict=True):
+            for convert in converters:
+                created = convert(created, created_at, conn)
+            job.id = pk  # the attribute, not the `pk` property: thousands of jobs
+            job.created_at = job.updated_at = created
+            job._state.adding = False
+            job._state.db = self.using
+
     def _insert_document(self, jobs: list[Job]) -> JobDocument | None:
         """The jobs' columns as one JSON document (a list of rows), or None if it cannot be.
 

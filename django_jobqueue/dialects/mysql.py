@@ -15,7 +15,6 @@ from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 from ..exceptions import UnsupportedDatabaseError
 from ..models import Job
 from .base import Dialect
-from .functions import DbNow
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)
@@ -219,7 +218,6 @@ class MySQLDialect(Dialect):
             self.insert_jobs(jobs[:half])
             self.insert_jobs(jobs[half:])
             return None
-        now, _ = self.compile(DbNow())
         values, params, paths = [], [], ["o FOR ORDINALITY"]
         for n, field in enumerate(found.fields):
             if n in found.constants:
@@ -233,26 +231,9 @@ class MySQLDialect(Dialect):
             else:
                 paths.append(f"c{at} {field.db_type(conn)} PATH '$[{at}]'")
                 values.append(f"r.c{at}")
-        columns = [self.qn(str(f.column)) for f in found.fields]
-        sql = (
-            f"INSERT INTO {self.qn(Job._meta.db_table)} "
-            f"({', '.join(columns)}, created_at, updated_at) "
-            f"SELECT {', '.join(values)}, {now}, {now} "
-            f"FROM JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(paths)})) AS r ORDER BY r.o "
-            "RETURNING id, created_at"
-        )
-        created_at = Job._meta.get_field("created_at")
-        converters = conn.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [*params, found.document])
-            rows = sorted(cursor.fetchall())  # ids rise in the order the rows went in
-        for job, (pk, created) in zip(jobs, rows, strict=True):
-            for convert in converters:
-                created = convert(created, created_at, conn)
-            job.id = pk  # the attribute, not the `pk` property
-            job.created_at = job.updated_at = created
-            job._state.adding = False
-            job._state.db = self.using
+        source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(paths)})) AS r ORDER BY r.o"
+        # The rows come back in no promised order; their ids rise in the order they went in.
+        self._insert_selected(jobs, found, values, params, source, sort_by_id=True)
 
     def document_budget(self) -> int:
         """The longest JSON document (ASCII) one bulk INSERT carries: a quarter of the

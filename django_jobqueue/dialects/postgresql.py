@@ -332,7 +332,6 @@ class PostgreSQLDialect(Dialect):
         found = self._insert_document(jobs)
         if found is None:
             return super().insert_jobs(jobs)
-        now, _ = self.compile(DbNow())
         values, params = [], []
         for n, field in enumerate(found.fields):
             kind = (
@@ -347,22 +346,8 @@ class PostgreSQLDialect(Dialect):
                 values.append(f"NULLIF(r->{found.varying.index(n)}, 'null'::jsonb)")
             else:
                 values.append(f"(r->>{found.varying.index(n)})::{kind}")
-        columns = [self.qn(str(f.column)) for f in found.fields]
-        sql = (
-            f"INSERT INTO {self.qn(Job._meta.db_table)} "
-            f"({', '.join(columns)}, created_at, updated_at) "
-            f"SELECT {', '.join(values)}, {now}, {now} "
-            "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n "
-            "RETURNING id, created_at"
-        )
-        document = found.document
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [*params, document])
-            for job, (pk, created) in zip(jobs, cursor.fetchall(), strict=True):
-                job.id = pk  # the attribute, not the `pk` property: thousands of jobs
-                job.created_at = job.updated_at = created
-                job._state.adding = False
-                job._state.db = self.using
+        source = "jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n"
+        self._insert_selected(jobs, found, values, params, source)
 
     def id_set(self, ids: Sequence[int]) -> Any:
         # One array parameter instead of an IN list of thousands of parameters.

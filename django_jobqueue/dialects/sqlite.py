@@ -16,7 +16,6 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobQuerySet
 from .base import Dialect
-from .functions import DbNow
 
 if TYPE_CHECKING:
     from ..records import ClaimedJob
@@ -121,7 +120,6 @@ class SQLiteDialect(Dialect):
         found = self._insert_document(jobs) if self.can_return_rows_from_update else None
         if found is None:
             return super().insert_jobs(jobs)
-        now, _ = self.compile(DbNow())
         values, params = [], []
         for n in range(len(found.fields)):
             if n in found.constants:
@@ -129,26 +127,7 @@ class SQLiteDialect(Dialect):
                 params.append(found.constants[n])
             else:
                 values.append(f"json_extract(value, '$[{found.varying.index(n)}]')")
-        columns = [self.qn(str(f.column)) for f in found.fields]
-        sql = (
-            f"INSERT INTO {self.qn(Job._meta.db_table)} "
-            f"({', '.join(columns)}, created_at, updated_at) "
-            f"SELECT {', '.join(values)}, {now}, {now} FROM json_each(%s) ORDER BY key "
-            "RETURNING id, created_at"
-        )
-        document = found.document
-        created_at = Job._meta.get_field("created_at")
-        converters = self.connection.ops.get_db_converters(created_at.get_col(Job._meta.db_table))
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [*params, document])
-            rows = cursor.fetchall()
-        for job, (pk, created) in zip(jobs, rows, strict=True):
-            for convert in converters:
-                created = convert(created, created_at, self.connection)
-            job.id = pk  # the attribute, not the `pk` property
-            job.created_at = job.updated_at = created
-            job._state.adding = False
-            job._state.db = self.using
+        self._insert_selected(jobs, found, values, params, "json_each(%s) ORDER BY key")
 
     def json_append_sql(self, column: str) -> str:
         return f"json_insert({column}, '$[#]', %s)"
