@@ -168,6 +168,20 @@ def test_a_pattern_gives_every_tenant_its_own_cap():
     }
 
 
+def test_resource_names_are_matched_exactly_whatever_they_hold():
+    # Quotes, backslashes, commas, braces, spaces and "NULL": each a tenant of its own, locked
+    # and counted as itself (on PostgreSQL the names travel as one array literal's text).
+    names = ['tenant:a"b', "tenant:a\\b", "tenant:x,y", "tenant:{z}", "tenant: s ", "tenant:NULL"]
+    jobs = {name: [work(uses={name: 1}) for _ in range(2)] for name in names}
+    assert sorted(claim(limit=20)) == sorted(found[0].pk for found in jobs.values())
+    assert claim(limit=20) == []  # every one of them is at its cap
+    assert set(Limit.objects.values_list("name", flat=True)) == set(names)
+    Job.objects.filter(pk=jobs["tenant:x,y"][0].pk).update(
+        state="done", lease_owner=None, lease_expires=None, finished_at=timezone.now()
+    )
+    assert claim(limit=20) == [jobs["tenant:x,y"][1].pk]
+
+
 def test_a_job_meets_every_limit_it_uses():
     both = [work(uses={"api": 1, "tenant:7": 1}) for _ in range(2)]
     api_only = [work(uses={"api": 1}) for _ in range(3)]

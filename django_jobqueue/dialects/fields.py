@@ -8,6 +8,7 @@ from django.db import migrations, models
 from django.db.models.lookups import In
 
 from . import get_dialect
+from .literals import array
 
 
 def _key_collation(connection: Any) -> str | None:
@@ -37,7 +38,8 @@ class AnyOf(In):
     On PostgreSQL the values are one array parameter (`= ANY(%s)`) instead of one parameter
     each: the statement's text is the same however many values there are, and psycopg parses
     a statement of more than 50 parameters afresh at every run (the claim filters on every
-    handler type the worker has, and runs many times a second).
+    handler type the worker has, and runs many times a second). The array goes as its text
+    (`literals.array`), which the drivers bind faster than a list.
     """
 
     lookup_name = "any_of"
@@ -45,7 +47,7 @@ class AnyOf(In):
     def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
         lhs, lhs_params = self.process_lhs(compiler, connection)
         values = [value for value in self.rhs if value is not None]
-        return f"{lhs} = ANY(%s)", [*lhs_params, values]
+        return f"{lhs} = ANY(%s::varchar[])", [*lhs_params, array(values)]
 
 
 class AlterKeyField(migrations.AlterField):

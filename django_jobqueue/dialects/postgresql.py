@@ -13,10 +13,11 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
-from ..models import Job, JobDependency, JobQuerySet, JobStep
+from ..models import Job, JobDependency, JobQuerySet, JobStep, Limit
 from ..records import Finished, FinishReport
 from .base import Dialect, seconds
 from .functions import DbNow
+from .literals import array
 
 try:
     from psycopg import ClientCursor
@@ -130,7 +131,15 @@ class PostgreSQLDialect(Dialect):
         return "CLOCK_TIMESTAMP()", []
 
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        return "uses ?| %s", [list(names)]
+        return "uses ?| %s::text[]", [array(names)]
+
+    def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        # The names as one array parameter: the statement's text is the same for any number.
+        sql = (
+            f"SELECT name, closed_until, CLOCK_TIMESTAMP() FROM {self.qn(Limit._meta.db_table)} "
+            f"WHERE name = ANY(%s::text[]) ORDER BY name{self.blocking_lock_sql}"
+        )
+        return sql, [array(names)]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
@@ -323,7 +332,7 @@ class PostgreSQLDialect(Dialect):
             RETURNING j.queue
         """
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [list(ids)])
+            cursor.execute(sql, [array(ids)])
             return {queue for (queue,) in cursor.fetchall()}
 
     def insert_jobs(self, jobs: list[Job]) -> None:
@@ -351,7 +360,7 @@ class PostgreSQLDialect(Dialect):
 
     def id_set(self, ids: Sequence[int]) -> Any:
         # One array parameter instead of an IN list of thousands of parameters.
-        return RawSQL("SELECT unnest(%s::bigint[])", (list(ids),))
+        return RawSQL("SELECT unnest(%s::bigint[])", (array(ids),))
 
     def listen(self) -> NotificationStream:
         """Return a LISTEN connection of this thread (its own, never used for anything else)."""
@@ -391,7 +400,7 @@ class PostgreSQLDialect(Dialect):
         sets, set_params = self.claim_sets(owner, lease_ttl, prefix="j.")
         table = self.qn(Job._meta.db_table)
         sql = (
-            f"UPDATE {table} AS j SET {sets} WHERE j.id = ANY(%s) "
+            f"UPDATE {table} AS j SET {sets} WHERE j.id = ANY(%s::bigint[]) "
             f"RETURNING {self.claim_columns('j.')}"
         )
         order = {pk: n for n, pk in enumerate(ids)}
@@ -400,7 +409,7 @@ class PostgreSQLDialect(Dialect):
                 # The COMMIT in the same query, a round trip fewer; Django's commit at the end
                 # of the block then finds no transaction open, and sends nothing.
                 sql += "; COMMIT"
-            cursor.execute(sql, [*set_params, ids])
+            cursor.execute(sql, [*set_params, array(ids)])
             claimed = self.load_claimed(cursor.fetchall())
         claimed.sort(key=lambda r: order[r.id])
         return claimed
@@ -478,7 +487,7 @@ class PostgreSQLDialect(Dialect):
             + "]"
         )
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [batch, [i for i, _, _ in items], owner])
+            cursor.execute(sql, [batch, array([i for i, _, _ in items]), owner])
             return list(cursor.fetchall())
 
     def suspend_sleeps(self, items: Sequence[tuple[int, str, int, float, list[Any]]]) -> list[int]:
@@ -535,7 +544,7 @@ class PostgreSQLDialect(Dialect):
             ]
         )
         with self.connection.cursor() as cursor:
-            cursor.execute(sql, [batch, [item[0] for item in items]])
+            cursor.execute(sql, [batch, array([item[0] for item in items])])
             return [row[0] for row in cursor.fetchall()]
 
     def read_records(self, ids: list[int], limit: int) -> list[tuple[Any, ...]]:
@@ -546,7 +555,7 @@ class PostgreSQLDialect(Dialect):
             f"SELECT job_id, name, seq, result FROM {steps} "
             "WHERE job_id = ANY(%s::bigint[]) ORDER BY job_id LIMIT %s"
         )
-        return self._fetch_records(sql, [ids, limit])
+        return self._fetch_records(sql, [array(ids), limit])
 
     def promote_due(self, batch: int) -> dict[str, int]:
         # The promoter's transaction of four round trips (BEGIN, the locking read, the UPDATE,
