@@ -656,3 +656,17 @@ def test_renewal_pushes_back_only_current_leases(dialect):
     assert before + longer <= stored["lease_expires"] <= after + longer
     assert before <= stored["heartbeat_at"] <= after
     assert {pk: row(pk) for pk in untouched} == untouched
+
+
+def test_an_array_literal_reads_back_as_its_values_and_refuses_other_types(dialect):
+    from django_jobqueue.dialects.literals import array
+
+    values = ['a"b', "c\\d", "x,y", "{z}", " s ", "NULL", "", "it's", "ü€"]
+    if dialect.vendor == "postgresql":
+        with dialect.connection.cursor() as cursor:
+            cursor.execute("SELECT %s::text[], %s::bigint[]", [array(values), array([1, 2**62])])
+            assert cursor.fetchone() == (values, [1, 2**62])
+    # None would read back as the text "None"; a float or a bool is never an id or a key.
+    for bad in (None, True, 5.0):
+        with pytest.raises(TypeError):
+            array(["a", bad])

@@ -35,7 +35,7 @@ class KeyField(models.CharField):  # type: ignore[type-arg]
 class AnyOf(In):
     """`key__any_of=values`: the keys in `values`, as `__in` gives them.
 
-    On PostgreSQL the values are one array parameter (`= ANY(%s)`) instead of one parameter
+    On PostgreSQL the values are one array parameter (`= ANY(%s::varchar[])`), not one parameter
     each: the statement's text is the same however many values there are, and psycopg parses
     a statement of more than 50 parameters afresh at every run (the claim filters on every
     handler type the worker has, and runs many times a second). The array goes as its text

@@ -15,5 +15,7 @@ def array(values: Iterable[int | str]) -> str:
 def _element(value: int | str) -> str:
     if type(value) is int:
         return str(value)
+    if not isinstance(value, str):  # None, a bool, a float: never a key or an id
+        raise TypeError(f"array() takes ints and strings, not {value!r}")
     # Quoted, with backslashes and double quotes escaped: any text reads back as it was.
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -135,11 +135,12 @@ class PostgreSQLDialect(Dialect):
 
     def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         # The names as one array parameter: the statement's text is the same for any number.
+        clock, params = self.clock_sql()
         sql = (
-            f"SELECT name, closed_until, CLOCK_TIMESTAMP() FROM {self.qn(Limit._meta.db_table)} "
+            f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
             f"WHERE name = ANY(%s::text[]) ORDER BY name{self.blocking_lock_sql}"
         )
-        return sql, [array(names)]
+        return sql, [*params, array(names)]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
