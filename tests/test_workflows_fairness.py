@@ -137,3 +137,28 @@ def test_slots_a_group_cannot_use_go_to_other_groups(settings):
         jobqueue.cancel(job)
     # plan() gives "a" at least one of the 3 slots (it is tied or less loaded at some point).
     assert sorted(job.pk for job in claim(3)) == [job.pk for job in left]
+
+
+def test_the_plan_gives_each_slot_to_the_least_loaded_group_and_weighs_ties():
+    """plan() on its own (no database): loads, caps and ready counts bound each group's
+    slots, and ties go to a draw weighted by `weight` (a seeded draw: the figures are fixed)."""
+    import random
+
+    from django_jobqueue.fairshare import GroupDemand, plan
+
+    demand = [GroupDemand("a", 1, 5), GroupDemand("b", 2, 5), GroupDemand("c", 3, 5)]
+    # a is loaded (1 in flight); c may start 2 more; b has no cap: 7 slots go b, c, b, c, a, b
+    # and one more to whichever is least loaded then; never more than a group's ready jobs.
+    assert plan(7, demand, {"a": 1}, {"c": 2}, random.Random(0)) == {"b": 4, "c": 2, "a": 1}
+    assert plan(30, demand, {"a": 1}, {"c": 2}, random.Random(0)) == {"b": 5, "c": 2, "a": 5}
+    assert plan(5, demand, {}, {"a": 0, "b": 0, "c": 0}, random.Random(0)) == {}
+    # One slot, three groups tied at load 0 with weights 1, 2 and 3: shares 1/6, 2/6, 3/6.
+    rng, wins = random.Random(1), {"a": 0, "b": 0, "c": 0}
+    for _ in range(6000):
+        [(winner, _)] = plan(1, demand, {}, {}, rng).items()
+        wins[winner] += 1
+    assert 800 <= wins["a"] <= 1200 and 1750 <= wins["b"] <= 2250 and 2700 <= wins["c"] <= 3300
+    # Thousands of groups of one ready job each: each slot to a different group.
+    many = [GroupDemand(f"g{n}", 1, 1) for n in range(5000)]
+    slots = plan(128, many, {}, {}, random.Random(2))
+    assert len(slots) == 128 and set(slots.values()) == {1}
