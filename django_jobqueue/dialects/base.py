@@ -183,12 +183,16 @@ class Dialect:
     def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """The statement of `lock_resources` that locks the rows (and reads the clock)."""
         clock, params = self.clock_sql()
-        marks = ", ".join(["%s"] * len(names))
+        named, names_params = self.in_sql("name", names)
         sql = (
             f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
-            f"WHERE name IN ({marks}) ORDER BY name{self.blocking_lock_sql}"
+            f"WHERE {named} ORDER BY name{self.blocking_lock_sql}"
         )
-        return sql, [*params, *names]
+        return sql, [*params, *names_params]
+
+    def in_sql(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        """SQL true for a row whose `column` is one of `values`: an IN list here."""
+        return f"{column} IN ({', '.join(['%s'] * len(values))})", [*values]
 
     def uses_in_flight_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """The `uses` of the leased and running jobs that use any resource of `names`."""

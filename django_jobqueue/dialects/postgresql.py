@@ -13,7 +13,7 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
-from ..models import Job, JobDependency, JobQuerySet, JobStep, Limit
+from ..models import Job, JobDependency, JobQuerySet, JobStep
 from ..records import Finished, FinishReport
 from .base import Dialect, seconds
 from .functions import DbNow
@@ -133,14 +133,9 @@ class PostgreSQLDialect(Dialect):
     def uses_any_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         return "uses ?| %s::text[]", [array(names)]
 
-    def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        # The names as one array parameter: the statement's text is the same for any number.
-        clock, params = self.clock_sql()
-        sql = (
-            f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
-            f"WHERE name = ANY(%s::text[]) ORDER BY name{self.blocking_lock_sql}"
-        )
-        return sql, [*params, array(names)]
+    def in_sql(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        # One array parameter: the statement's text is the same for any number of values.
+        return f"{column} = ANY(%s::text[])", [array(values)]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
