@@ -93,6 +93,11 @@ def main() -> None:
                 ok = quota["interleaved_ratio"] <= 2
                 ms = (quota["interleaved_tenants_ms"], quota["interleaved_plain_ms"])
                 rows.append(line(what, *ms, "<= 2x", ok))
+            if "grouped_ratio" in quota:
+                what = f"the same, each tenant its own group: 10,000 groups ({db})"
+                ok = quota["grouped_ratio"] <= 2
+                ms = (quota["grouped_tenants_ms"], quota["grouped_plain_ms"])
+                rows.append(line(what, *ms, "<= 2x", ok))
         near = own.get(("limits_approach", db, ""))
         if near:
             what = f'starts/s under "10/s" ({db})'

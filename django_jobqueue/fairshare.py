@@ -8,17 +8,16 @@ proportion to their weights over many claims. A group that has nothing in flight
 and so wins a slot before any busy group gets a second one: with at least as many free slots
 as groups, every group with ready work gets at least one.
 
-A group's weight is the largest `weight` among its ready jobs.
+A group's weight is the largest `weight` among its ready jobs. The split itself is
+`fairplan.plan()`; a claim's cost does not grow with the groups that have nothing in flight and
+no cap of their own (with a group per tenant, thousands).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
 import logging
-import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Max
@@ -26,6 +25,7 @@ from django.utils.module_loading import import_string
 
 from . import pausing, quotas
 from .dialects.base import read_json
+from .fairplan import Demand, GroupDemand, plan, remaining
 from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, ConcurrencyLimit, Job, JobQuerySet
 from .ratelimits import RateLimits
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.scheduling")
-_rng = random.Random()
 DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
 # The view of the ready groups is refreshed after at least this many times the time its read
 # took (and at least FAIR_SHARE_REFRESH): at most a twentieth of a worker's time goes to it.
@@ -47,7 +46,7 @@ DEMAND_SHARE = 20
 # lock, the lock of its resources' rows and their count: with every resource free, a claim
 # of 10 locking 44 rows cost PostgreSQL about a third more than one locking 11.
 OVERFETCH = 4
-# The candidates' statements kept compiled (one per ready shape, skipped resources and count).
+# The candidates' statements kept compiled (one set per ready shape and skipped resources).
 CANDIDATE_SQL_KEPT = 64
 # Seconds a group none of whose candidates could start stays out of the plan (as long as a
 # resource found without room is skipped: quotas.Resources.take).
@@ -55,72 +54,8 @@ HELD_BACK_FOR = 0.25
 # The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
 # that serves one queue) the queue's; never the ready index, which holds every group's.
 ONE_GROUP = (READY_GROUP_INDEX, READY_QUEUE_INDEX)
-_GROUP_MARK = "\x00group"  # the group's place among the compiled statement's parameters
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupDemand:
-    """One group's ready work as the claim sees it."""
-
-    group: str
-    weight: int
-    ready: int  # ready jobs visible (an upper bound on what the group can take)
-
-
-def plan(
-    free: int,
-    demand: list[GroupDemand],
-    in_flight: Mapping[str, int],
-    room: Mapping[str, int | None],
-    rng: random.Random | None = None,
-) -> dict[str, int]:
-    """Split `free` slots over the groups in `demand`; return {group: slots}.
-
-    `in_flight` counts running jobs per group across all workers; `room` says how many more
-    jobs each group may start under its limits (None: unlimited).
-
-    Each slot goes to the eligible group of the lowest load, (in flight + given) / weight; a
-    heap holds the eligible groups, so a claim costs O(groups + free * log(groups)), not a
-    pass over every group for each slot (thousands of groups: tens of ms a claim). Loads are
-    ratios of small integers: equal ones are equal floats. Ties go to a draw weighted by
-    `weight`: each group's entry carries an exponential variate of rate `weight`, drawn anew
-    each time it goes back in, and the smallest wins among equal loads, which it does with
-    probability weight / (sum of the tied weights).
-    """
-    rng = rng or _rng
-    given: dict[str, int] = {}
-
-    def fits(d: GroupDemand, n: int) -> bool:
-        cap = room.get(d.group)
-        return n < d.ready and (cap is None or n < cap)
-
-    heap = [
-        (in_flight.get(d.group, 0) / d.weight, rng.expovariate(d.weight), i, d)
-        for i, d in enumerate(demand)
-        if d.weight > 0 and fits(d, 0)
-    ]
-    heapq.heapify(heap)
-    for _ in range(max(0, free)):
-        if not heap:
-            break
-        _, _, i, d = heapq.heappop(heap)
-        n = given[d.group] = given.get(d.group, 0) + 1
-        if fits(d, n):
-            load = (in_flight.get(d.group, 0) + n) / d.weight
-            heapq.heappush(heap, (load, rng.expovariate(d.weight), i, d))
-    return given
-
-
-def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> int | None:
-    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit).
-
-    Both are caps on the jobs in flight: the effective cap is the smaller one, and the room
-    is that cap minus the jobs already in flight.
-    """
-    # The dynamic cap is a cap on running jobs, like GROUP_LIMITS, not room: taken as room, a
-    # hook returning 1 would let a new job start on every claim while others ran.
-    caps = [c for c in (limit, dynamic) if c is not None]
-    return max(0, min(caps) - in_flight) if caps else None
+# A claim reads the jobs of at most this many planned groups in one statement (UNION ALL).
+MERGED_GROUPS = 32
 
 
 class FairShare:
@@ -143,9 +78,9 @@ class FairShare:
         self.rate_limits = RateLimits(settings.rate_limits)
         self.resources = quotas.Resources(settings.limits)
         self.refresh = settings.fair_share_refresh
-        self._demand: list[GroupDemand] = []
+        self._demand = Demand(())
         self._demand_until = 0.0
-        self._candidate_sql: dict[Any, tuple[str, list[Any], int]] = {}
+        self._candidate_sql: dict[Any, dict[Any, Any]] = {}  # see _read_groups()
         self._orderings: dict[int, tuple[JobQuerySet, JobQuerySet]] = {}  # see _ordered()
         self._overfetch = 1  # see OVERFETCH
         # Groups whose planned slots found no job that could start (all held back by their
@@ -273,17 +208,16 @@ class FairShare:
         demand = self._current_demand(ready)
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
-        groups = [d.group for d in demand]
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
         if dynamic is None:
             dynamic = self.ask_dynamic(ready)
         # A group the hook was not asked about (the view changed meanwhile) starts nothing.
-        dynamic = {g: dynamic.get(g, 0) for g in groups} if self.dynamic else {}
-        self._lock_limits(dialect, groups)
+        dynamic = {d.group: dynamic.get(d.group, 0) for d in demand} if self.dynamic else {}
+        self._lock_limits(dialect, demand)
         in_flight: dict[str, int] = {}
         # The groups' jobs in flight weigh the split and cap a group: moot for a lone group
         # that no group cap governs (LIMITS alone, one group: a claim spares a query).
-        if len(groups) > 1 or self.group_limits or self.dynamic:
+        if len(demand) > 1 or self.group_limits or self.dynamic:
             # Every group's, not only the ready ones': the jobs in flight are few (at most
             # the workers' slots), where a filter naming thousands of groups cost more to
             # build, send and plan than the count.
@@ -294,31 +228,36 @@ class FairShare:
                 .annotate(n=Count("pk"))
                 .values_list("group_key", "n")
             )
-        room = {
+        # The room of the groups under a cap (absent: no cap); not a pass over every group.
+        capped = {*self.group_limits, *dynamic}
+        room: dict[str, int | None] = {
             g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
-            for g in groups
+            for g in capped
+            if g in demand.by_name
         }
         # A rate limit is one more cap on the starts: the tightest one wins.
-        rated = self.rate_limits.room(dialect, groups)
+        rated = self.rate_limits.room(dialect, demand.by_name)
         for group, left in rated.items():
-            room[group] = left if room[group] is None else min(left, room[group] or 0)
+            cap = room.get(group)
+            room[group] = left if cap is None else min(left, cap)
         queue_room = self._queue_room(dialect.using)
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
+        shape = (ready, tuple(sorted(full)) if queue_room else ())
         if self.resources:
-            shape = (ready, tuple(sorted(full)) if queue_room else ())
             picked = self._take_with_resources(
                 dialect, ordered, shape, limit, demand, in_flight, room
             )
         else:
-            picked = self._take_planned(dialect, ordered, limit, demand, in_flight, room)
+            picked = self._take_planned(dialect, ordered, shape, limit, demand, in_flight, room)
         rows = _trim_to_queue_room(picked, queue_room)
         if self.rate_limits:
             taken: dict[str, int] = {}
             for _, _, group in rows:
                 taken[group] = taken.get(group, 0) + 1
-            self._starts = (taken, rated, {d.group: d.ready for d in demand})
+            wanting = {g: demand.by_name[g].ready for g in rated}
+            self._starts = (taken, rated, wanting)
         return [pk for pk, _, _ in rows]
 
     def has_starts_to_record(self) -> bool:
@@ -344,8 +283,9 @@ class FairShare:
         self,
         dialect: Dialect,
         ordered: JobQuerySet,
+        shape: Any,
         limit: int,
-        demand: list[GroupDemand],
+        demand: Demand,
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
     ) -> list[tuple[int, str, str]]:
@@ -363,17 +303,20 @@ class FairShare:
         while len(rows) < limit:
             slots = plan(
                 limit - len(rows),
-                [d for d in demand if d.group not in short],
+                demand,
                 {g: in_flight.get(g, 0) + taken.get(g, 0) for g in {*in_flight, *taken}},
                 {g: None if r is None else r - taken.get(g, 0) for g, r in room.items()},
+                skip=short,
             )
             if not slots:
                 break
+            # A group read again reads its rows taken already too (SKIP LOCKED skips the
+            # locks of other transactions, not this one's), which are dropped.
+            counts = {group: taken.get(group, 0) + n for group, n in slots.items()}
+            found = self._read_groups(dialect, ordered, (), shape, counts)
+            have = {row[0] for row in rows}
             for group, n in slots.items():
-                query = dialect.lock(
-                    ordered.filter(group_key=group).exclude(pk__in=[r[0] for r in rows])
-                ).values_list("pk", "queue", "group_key")[:n]
-                got = [tuple(row) for row in dialect.read_through(query, ONE_GROUP)]
+                got = [row[:3] for row in found[group] if row[0] not in have][:n]
                 if len(got) < n:
                     short.add(group)
                 taken[group] = taken.get(group, 0) + len(got)
@@ -386,7 +329,7 @@ class FairShare:
         ordered: JobQuerySet,
         shape: Any,
         limit: int,
-        demand: list[GroupDemand],
+        demand: Demand,
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
     ) -> list[tuple[int, str, str]]:
@@ -403,12 +346,15 @@ class FairShare:
         now = time.monotonic()
         self._held_back = {g: until for g, until in self._held_back.items() if until > now}
         # Every group held back (as a lone group would be): all are planned, as before.
-        open_groups = [d for d in demand if d.group not in self._held_back] or demand
-        slots = plan(limit, open_groups, in_flight, room)
+        held_back: Collection[str] = self._held_back.keys()
+        if all(d.group in held_back for d in demand):
+            held_back = ()
+        slots = plan(limit, demand, in_flight, room, skip=held_back)
         skip = tuple(self.resources.skipped())  # found without room a moment ago
+        counts = {group: (n + 1) * self._overfetch for group, n in slots.items()}
         fetched = {
-            group: self._candidates(dialect, ordered, skip, shape, group, n)
-            for group, n in slots.items()
+            group: [(pk, queue, group_key, read_json(uses)) for pk, queue, group_key, uses in rows]
+            for group, rows in self._read_groups(dialect, ordered, skip, shape, counts).items()
         }
         self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
         rows: list[tuple[int, str, str]] = []
@@ -451,53 +397,61 @@ class FairShare:
             found = self._orderings[id(ready)] = (ready, ready.order_by("-priority", "pk"))
         return found[1]
 
-    def _candidates(
+    def _read_groups(
         self,
         dialect: Dialect,
         ordered: JobQuerySet,
         skip: tuple[str, ...],
         shape: Any,
-        group: str,
-        slots: int,
-    ) -> list[tuple[int, str, str, dict[str, int] | None]]:
-        """Lock the best ready jobs of `group` in `ordered` that use no resource of `skip`,
-        more than its `slots`; return their (id, queue, group, uses). `shape` tells `ordered`
-        from the other querysets a claim may use: the SQL is compiled by the ORM once per
-        shape, skipped resources and count (the group a parameter)."""
-        count = (slots + 1) * self._overfetch
-        cache_key = (dialect.using, shape, skip, count)
-        if cache_key not in self._candidate_sql:
+        counts: Mapping[str, int],
+    ) -> dict[str, list[tuple[int, str, str, Any]]]:
+        """Lock the best ready jobs in `ordered` of each group of `counts`, up to its count,
+        that use no resource of `skip`; return {group: its (id, queue, group, uses) rows, in
+        claim order}, `uses` as the cursor gave it.
+
+        One statement for up to MERGED_GROUPS groups (`Dialect.group_reads_sql`), each
+        group's read through its own index: a claim that plans ten groups makes one round
+        trip, not ten. `shape` tells `ordered` from the other querysets a claim may use: the
+        SQL is compiled by the ORM once per shape and skipped resources.
+        """
+        cache_key = (dialect.using, shape, skip)
+        compiled = self._candidate_sql.get(cache_key)
+        if compiled is None:
             if len(self._candidate_sql) >= CANDIDATE_SQL_KEPT:
                 self._candidate_sql.clear()
+            compiled = self._candidate_sql[cache_key] = {}
             base = ordered.exclude(uses__has_any_keys=list(skip)) if skip else ordered
-            query = dialect.lock(base.filter(group_key=_GROUP_MARK)).values_list(
-                "pk", "queue", "group_key", "uses"
-            )[:count]
-            sql, params = dialect.compile_query(query)
-            sql = dialect.hinted_sql(sql, ONE_GROUP)
-            self._candidate_sql[cache_key] = (sql, params, params.index(_GROUP_MARK))
-        sql, params, at = self._candidate_sql[cache_key]
-        params = list(params)
-        params[at] = group
-        with dialect.cursor() as cursor:
-            cursor.execute(sql, params)
-            return [
-                (pk, queue, group_key, read_json(uses))
-                for pk, queue, group_key, uses in cursor.fetchall()
-            ]
+            compiled["query"] = base.values_list("pk", "queue", "group_key", "uses", "priority")
+        found: dict[str, list[tuple[int, str, str, Any]]] = {group: [] for group in counts}
+        wanted = list(counts.items())
+        for start in range(0, len(wanted), MERGED_GROUPS):
+            reads = wanted[start : start + MERGED_GROUPS]
+            sql, params = dialect.group_reads_sql(compiled["query"], reads, ONE_GROUP, compiled)
+            with dialect.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+            if len(reads) == 1:  # one read: its rows in claim order, without its number
+                found[reads[0][0]] = [row[:4] for row in rows]
+                continue
+            # In claim order within each read (a UNION's order is not its branches').
+            for n, pk, queue, group_key, uses, _ in sorted(
+                rows, key=lambda row: (row[0], -row[5], row[1])
+            ):
+                found[reads[n][0]].append((pk, queue, group_key, uses))
+        return found
 
-    def _current_demand(self, ready: JobQuerySet) -> list[GroupDemand]:
+    def _current_demand(self, ready: JobQuerySet) -> Demand:
         now = time.monotonic()
         # An empty view is refreshed at every claim under limits: the first jobs after an
         # idle spell must not wait for the refresh (the GROUP BY is cheap on an empty set).
         if now >= self._demand_until or (not self._demand and self.has_limits):
-            self._demand = [
+            self._demand = Demand(
                 GroupDemand(group, weight, count)
                 for group, weight, count in ready.order_by()
                 .values_list("group_key")
                 .annotate(w=Max("weight"), n=Count("pk"))
                 .values_list("group_key", "w", "n")
-            ]
+            )
             # The GROUP BY reads every ready row: with a large backlog it is refreshed less
             # often, so that it takes at most a twentieth of the worker's time.
             took = time.monotonic() - now
@@ -514,9 +468,9 @@ class FairShare:
             logger.exception("DYNAMIC_LIMIT raised for group %r; no job of it starts now", group)
             return 0
 
-    def _lock_limits(self, dialect: Dialect, groups: list[str]) -> None:
+    def _lock_limits(self, dialect: Dialect, demand: Demand) -> None:
         keys = sorted(
-            [f"group:{g}" for g in groups if g in self._locked_groups()]
+            [f"group:{g}" for g in self._locked_groups() if g in demand.by_name]
             + [f"queue:{q}" for q in self.queue_limits]
             # A dynamic cap is as global as GROUP_LIMITS: its row serializes the claims it
             # governs, or two workers could both see room for the same last slot.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Mapping
 
 from .conf import parse_rate
 from .dialects import Dialect
@@ -42,13 +42,13 @@ class RateLimits:
     def window(self, group: str) -> dt.timedelta:
         return dt.timedelta(seconds=self.limits[group][1] + MARGIN)
 
-    def room(self, dialect: Dialect, groups: Iterable[str]) -> dict[str, int]:
+    def room(self, dialect: Dialect, groups: Container[str]) -> dict[str, int]:
         """Return how many more jobs each rate-limited group of `groups` may start now.
 
         Call it with the groups' lock rows held, in the claim transaction; `record()` then
         records what the claim started.
         """
-        rated = sorted(g for g in set(groups) if g in self.limits)
+        rated = sorted(g for g in self.limits if g in groups)
         self._first = {}
         if not rated:
             return {}

@@ -379,10 +379,13 @@ def group_reads(fair_share: Any, group: str = "") -> list[str]:
         )
     )
     one = rf"group_key[\"`]? = '?{re.escape(group)}" if group else r"group_key[\"`]? = "
+    # PostgreSQL reads the planned groups in one LATERAL statement, the groups an array.
+    lateral = r"group_key[\"`]? = \(?jq_r\.name"
     reads = [
         sql
         for sql in job_statements(statements, "SELECT")
-        if re.search(one, sql) and "GROUP BY" not in sql.upper()
+        if (re.search(one, sql) or (re.search(lateral, sql) and (not group or f'"{group}"' in sql)))
+        and "GROUP BY" not in sql.upper()
     ]
     assert reads, statements
     return reads

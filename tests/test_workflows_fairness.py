@@ -162,3 +162,62 @@ def test_the_plan_gives_each_slot_to_the_least_loaded_group_and_weighs_ties():
     many = [GroupDemand(f"g{n}", 1, 1) for n in range(5000)]
     slots = plan(128, many, {}, {}, random.Random(2))
     assert len(slots) == 128 and set(slots.values()) == {1}
+
+
+def test_the_plan_draws_idle_groups_by_weight_among_thousands():
+    """With thousands of groups that have nothing in flight and no cap (a group per tenant),
+    plan() draws them one at a time instead of putting each in its heap: the idle groups
+    still win before any loaded one, a group in `skip` gets nothing, and a tie among idle
+    groups goes by weight (seeded draws: weights 1 and 3, 4,000 groups each)."""
+    import random
+
+    from django_jobqueue.fairplan import Demand, GroupDemand, plan
+
+    light = [GroupDemand(f"l{n}", 1, 2) for n in range(4000)]
+    heavy = [GroupDemand(f"h{n}", 3, 2) for n in range(4000)]
+    demand = Demand(light + heavy)
+    busy = {f"l{n}": 1 for n in range(100)}  # 100 light groups have a job in flight
+    rng = random.Random(3)
+    wins = {"l": 0, "h": 0}
+    for _ in range(300):
+        slots = plan(10, demand, busy, {"h0": 0}, rng, skip={"h1"})
+        assert sum(slots.values()) == 10 and set(slots.values()) == {1}
+        assert not set(slots) & {*busy, "h0", "h1"}  # loaded, capped at 0, skipped
+        for group in slots:
+            wins[group[0]] += 1
+    # A light group wins a draw with probability 1/4 (3,900 light groups of weight 1 against
+    # 3,998 heavy ones of weight 3): 750 of 3,000 slots expected.
+    assert 600 <= wins["l"] <= 900, wins
+    # Fewer idle groups than slots: each idle one gets a slot, then the least loaded.
+    few = Demand([GroupDemand("a", 1, 5), GroupDemand("b", 1, 5), GroupDemand("c", 1, 5)])
+    assert plan(5, few, {"c": 2}, {}, rng) == {"a": 2, "b": 2, "c": 1}
+
+
+def test_a_claim_reads_the_jobs_of_its_planned_groups_in_one_statement():
+    """A claim that plans several groups reads all their jobs in one statement (a LATERAL
+    read on PostgreSQL, a UNION ALL elsewhere), not one statement a group, and takes each
+    group's best jobs in claim order (priority, then age)."""
+    import re
+
+    from django.test import override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    settings = {"GROUP_LIMITS": {}}
+    dialect = get_dialect(connection.alias)
+    expected = set()
+    for n in range(6):
+        jobs = jobqueue.enqueue_many(
+            [{"type": "test.noop", "group": f"g{n}", "priority": p} for p in (0, 5, 5, 1)]
+        )
+        expected.add(jobs[1].pk)  # the older of its two jobs of priority 5
+    with override_settings(JOBQUEUE=settings):
+        fair_share = FairShare(conf.get())
+        with CaptureQueriesContext(connection) as queries:
+            claimed = leases.claim(
+                dialect, owner="w", queues=[], limit=6, lease_ttl=30, fair_share=fair_share
+            )
+    assert {job.pk for job in claimed} == expected
+    # The statements that read one or more groups' jobs (by group; not the view's seeks).
+    one_group = re.compile(r"group_key[\"`]? = (\(?jq_r\.name|'g\d')")
+    reads = [q["sql"] for q in queries if one_group.search(q["sql"])]
+    assert len(reads) == 1, reads

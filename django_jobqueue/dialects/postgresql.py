@@ -79,6 +79,8 @@ def _after_begin(conn: Any) -> None:
 
 
 if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
     from ..records import ClaimedJob
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
@@ -86,6 +88,8 @@ if TYPE_CHECKING:
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}
 CHANNEL = "django_jobqueue"  # the LISTEN/NOTIFY channel; the payload is the queue's name
 _TRIGGER_FUNCTION = "django_jobqueue_notify_ready"
+# group_reads_sql(): the LIMIT compiled in, then replaced by each read's count.
+_LIMIT_MARK = 987_654_321
 
 
 def isolation_level(settings_dict: dict[str, Any]) -> str | None:
@@ -136,6 +140,35 @@ class PostgreSQLDialect(Dialect):
     def in_sql(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         # One array parameter: the statement's text is the same for any number of values.
         return f"{column} = ANY(%s::text[])", [array(values)]
+
+    def group_reads_sql(
+        self,
+        query: QuerySet[Any],
+        reads: Sequence[tuple[str, int]],
+        indexes: Sequence[str],
+        compiled: dict[Any, Any],
+    ) -> tuple[str, list[Any]]:
+        # One LATERAL read per (group, count) of two arrays: one statement text for any
+        # number of reads, planned in a fraction of the time of a UNION of as many branches
+        # (ten reads: 0.2 ms against 1.2 ms of planning). One read is its plain statement,
+        # planned faster still.
+        if len(reads) == 1:
+            return super().group_reads_sql(query, reads, indexes, compiled)
+        if "lateral" not in compiled:
+            by_read = query.filter(group_key=RawSQL("jq_r.name", ()))
+            sql, params = self.compile_locked(by_read, _LIMIT_MARK)
+            limit = f"LIMIT {_LIMIT_MARK}"
+            if sql.count(limit) != 1:  # the ORM's SQL changed shape: say so, never guess
+                raise RuntimeError(f"cannot place each read's count in: {sql}")
+            sql = sql.replace(limit, "LIMIT jq_r.n")
+            compiled["lateral"] = (
+                "SELECT jq_r.i - 1, r.* FROM unnest(%s::varchar[], %s::int[]) WITH ORDINALITY"
+                f" AS jq_r(name, n, i) CROSS JOIN LATERAL ({sql}) AS r",
+                params,
+            )
+        sql, params = compiled["lateral"]
+        groups, counts = [group for group, _ in reads], [count for _, count in reads]
+        return sql, [array(groups), array(counts), *params]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
