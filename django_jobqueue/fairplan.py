@@ -18,18 +18,16 @@ O(busy groups + slots * log), the groups sorted by weight once per view of the d
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import random
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 _rng = random.Random()
 
 
-@dataclasses.dataclass(frozen=True)
-class GroupDemand:
+class GroupDemand(NamedTuple):
     """One group's ready work as the claim sees it."""
 
     group: str

@@ -613,9 +613,12 @@ class Dialect:
     def compile_locked(self, queryset: QuerySet[Any], limit: int) -> tuple[str, list[Any]]:
         """The SQL and parameters of the first `limit` rows of `queryset`, with the claim's
         row locks (lock()), for a raw statement."""
+        locked = self.lock(queryset)[:limit]
+        if self.connection.in_atomic_block:  # a claim's: no savepoint (two round trips)
+            return self.compile_query(locked)
         # select_for_update() compiles only inside a transaction (even in autocommit use).
         with transaction.atomic(using=self.using):
-            return self.compile_query(self.lock(queryset)[:limit])
+            return self.compile_query(locked)
 
     def promote(self, ids: Sequence[int]) -> set[str]:
         """Make the locked waiting jobs `ids` whose upstreams are all done runnable.
