@@ -670,3 +670,60 @@ def test_an_array_literal_reads_back_as_its_values_and_refuses_other_types(diale
     for bad in (None, True, 5.0):
         with pytest.raises(TypeError):
             array(["a", bad])
+
+
+def test_a_read_of_several_groups_locks_each_groups_best_jobs_and_skips_locked_ones(dialect):
+    """`group_reads_sql`: one statement reads, for each (group, count), that group's best
+    ready jobs (priority, then age) up to its count, each row numbered by its read, locked
+    with SKIP LOCKED (a row another transaction holds is passed over, not waited for); one
+    read's rows come without the number. (SQLite has no row locks: its writers take turns on
+    the whole database, and nothing is held while it reads.)"""
+    locks = dialect.has_select_for_update_skip_locked
+    jobs = {
+        group: [JobFactory(group_key=group, priority=p).pk for p in priorities]
+        for group, priorities in {"a": (0, 5, 5, 1), "b": (0, 0), "c": (2,)}.items()
+    }
+    best_of_a = jobs["a"][1]  # the older of its two jobs of priority 5
+    query = ready_jobs().order_by("-priority", "pk").values_list("pk", "group_key")
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        def txn() -> None:
+            list(Job.objects.select_for_update().filter(pk=best_of_a).values_list("pk"))
+            held.set()
+            let_go.wait(60)
+
+        get_dialect("default").run_in_transaction(txn)
+
+    def read(reads: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
+        def txn() -> list[tuple[Any, ...]]:
+            sql, params = dialect.group_reads_sql(query, reads, [], {})
+            with dialect.cursor() as cursor:
+                cursor.execute(sql, params)
+                return [tuple(row) for row in cursor.fetchall()]
+
+        return in_new_thread(lambda: dialect.run_in_transaction(txn))
+
+    holder = threading.Thread(target=lambda: (hold(), _close_connections()))
+    if locks:
+        holder.start()
+    try:
+        assert not locks or held.wait(60)
+        rows = read([("a", 2), ("b", 5), ("c", 1)])
+        alone = read([("b", 1)])
+    finally:
+        let_go.set()
+        if locks:
+            holder.join(60)
+    by_read: dict[int, list[int]] = {}
+    for n, pk, group in rows:
+        assert group == "abc"[n]
+        by_read.setdefault(n, []).append(pk)
+    # Within a read the database may return its rows in any order: the caller sorts them.
+    assert {n: sorted(pks) for n, pks in by_read.items()} == {
+        # the best but the locked one (where rows are locked)
+        0: sorted(jobs["a"][2:] if locks else [best_of_a, jobs["a"][2]]),
+        1: sorted(jobs["b"]),
+        2: jobs["c"],
+    }
+    assert alone == [(jobs["b"][0], "b")]
