@@ -42,6 +42,8 @@ class Demand(Sequence[GroupDemand]):
     def __init__(self, groups: Iterable[GroupDemand]) -> None:
         self.groups = list(groups)
         self.by_name = {d.group: d for d in self.groups}
+        if len(self.by_name) < len(self.groups):  # a GROUP BY never gives one twice
+            raise ValueError("a group is named twice in the demand")
         self.by_weight: dict[int, list[GroupDemand]] = {}
         self.place: dict[str, int] = {}  # a group's index in its weight's list
         for d in self.groups:
@@ -67,35 +69,44 @@ class _Race:
     def __init__(self, demand: Demand, out: Collection[str], rng: random.Random) -> None:
         self.rng = rng
         self.at = 0.0  # the last variate drawn
-        # Per weight: its groups, the indexes gone (drawn, or out of the race), how many left.
+        self.pools = demand.by_weight
+        # Per weight: the indexes gone (drawn, or out of the race) while they are few (drawn
+        # around), or else the indexes left (drawn from); and how many are left.
         self.taken: dict[int, set[int]] = {w: set() for w in demand.by_weight}
+        self.untaken: dict[int, list[int]] = {}
         for group in out:
             d = demand.by_name.get(group)
             if d is not None and d.weight > 0:
                 self.taken[d.weight].add(demand.place[group])
-        self.pools = demand.by_weight
         self.left = {w: len(gs) - len(self.taken[w]) for w, gs in demand.by_weight.items()}
+        self.total = sum(w * n for w, n in self.left.items())
 
     def next(self) -> tuple[float, GroupDemand] | None:
         """The next group (the smallest variate left) and its variate; None when none is left."""
-        total = sum(w * n for w, n in self.left.items())
-        if total <= 0:
+        if self.total <= 0:
             return None
-        self.at += self.rng.expovariate(total)
-        pick = self.rng.random() * total
+        self.at += self.rng.expovariate(self.total)
+        pick = self.rng.random() * self.total
         weight = 0
         for weight, n in ((w, n) for w, n in self.left.items() if n > 0):
             pick -= weight * n
             if pick < 0:
                 break
         pool, taken = self.pools[weight], self.taken[weight]
-        if len(taken) * 2 <= len(pool):  # mostly untaken: draw until an untaken one comes
+        if weight not in self.untaken and len(taken) * 2 <= len(pool):
+            # Mostly left: draw until one comes that is.
             while (index := self.rng.randrange(len(pool))) in taken:
                 pass
-        else:
-            index = self.rng.choice([i for i in range(len(pool)) if i not in taken])
-        taken.add(index)
+            taken.add(index)
+        else:  # mostly gone: draw from the list of those left (made once), swap-removed
+            if weight not in self.untaken:
+                self.untaken[weight] = [i for i in range(len(pool)) if i not in taken]
+            left = self.untaken[weight]
+            at = self.rng.randrange(len(left))
+            index, left[at] = left[at], left[-1]
+            left.pop()
         self.left[weight] -= 1
+        self.total -= weight
         return self.at, pool[index]
 
 

@@ -55,8 +55,6 @@ HELD_BACK_FOR = 0.25
 # The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
 # that serves one queue) the queue's; never the ready index, which holds every group's.
 ONE_GROUP = (READY_GROUP_INDEX, READY_QUEUE_INDEX)
-# A claim reads the jobs of at most this many planned groups in one statement (UNION ALL).
-MERGED_GROUPS = 32
 
 
 class FairShare:
@@ -422,10 +420,11 @@ class FairShare:
         that use no resource of `skip`; return {group: its (id, queue, group, uses) rows, in
         claim order}, `uses` as the cursor gave it.
 
-        One statement for up to MERGED_GROUPS groups (`Dialect.group_reads_sql`), each
-        group's read through its own index: a claim that plans ten groups makes one round
-        trip, not ten. `shape` tells `ordered` from the other querysets a claim may use: the
-        SQL is compiled by the ORM once per shape and skipped resources.
+        One statement for all the groups (`Dialect.group_reads_sql`; more where a database
+        needs them split), each group's read through its own index: a claim that plans ten
+        groups makes one round trip, not ten. `shape` tells `ordered` from the other
+        querysets a claim may use: the SQL is compiled by the ORM once per shape and skipped
+        resources.
         """
         cache_key = (dialect.using, shape, skip)
         compiled = self._candidate_sql.get(cache_key)
@@ -436,21 +435,20 @@ class FairShare:
             base = ordered.exclude(uses__has_any_keys=list(skip)) if skip else ordered
             compiled["query"] = base.values_list("pk", "queue", "group_key", "uses", "priority")
         found: dict[str, list[tuple[int, str, str, Any]]] = {group: [] for group in counts}
-        wanted = list(counts.items())
-        for start in range(0, len(wanted), MERGED_GROUPS):
-            reads = wanted[start : start + MERGED_GROUPS]
-            sql, params = dialect.group_reads_sql(compiled["query"], reads, ONE_GROUP, compiled)
+        reads = list(counts.items())
+        rows: list[Any] = []
+        for sql, params in dialect.group_reads_sql(compiled["query"], reads, ONE_GROUP, compiled):
             with dialect.cursor() as cursor:
                 cursor.execute(sql, params)
-                rows = cursor.fetchall()
-            if len(reads) == 1:  # one read: its rows in claim order, without its number
-                found[reads[0][0]] = [row[:4] for row in rows]
-                continue
-            # In claim order within each read (a UNION's order is not its branches').
-            for n, pk, queue, group_key, uses, _ in sorted(
-                rows, key=lambda row: (row[0], -row[5], row[1])
-            ):
-                found[reads[n][0]].append((pk, queue, group_key, uses))
+                rows += cursor.fetchall()
+        if len(reads) == 1:  # one read: its rows in claim order, without its number
+            found[reads[0][0]] = [row[:4] for row in rows]
+            return found
+        # In claim order within each read (a UNION's order is not its branches').
+        for n, pk, queue, group_key, uses, _ in sorted(
+            rows, key=lambda row: (row[0], -row[5], row[1])
+        ):
+            found[reads[n][0]].append((pk, queue, group_key, uses))
         return found
 
     def _current_demand(self, ready: JobQuerySet) -> Demand:

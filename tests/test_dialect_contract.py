@@ -697,10 +697,12 @@ def test_a_read_of_several_groups_locks_each_groups_best_jobs_and_skips_locked_o
 
     def read(reads: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
         def txn() -> list[tuple[Any, ...]]:
-            sql, params = dialect.group_reads_sql(query, reads, [], {})
-            with dialect.cursor() as cursor:
-                cursor.execute(sql, params)
-                return [tuple(row) for row in cursor.fetchall()]
+            found = []
+            for sql, params in dialect.group_reads_sql(query, reads, [], {}):
+                with dialect.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    found += [tuple(row) for row in cursor.fetchall()]
+            return found
 
         return in_new_thread(lambda: dialect.run_in_transaction(txn))
 
@@ -727,3 +729,41 @@ def test_a_read_of_several_groups_locks_each_groups_best_jobs_and_skips_locked_o
         2: jobs["c"],
     }
     assert alone == [(jobs["b"][0], "b")]
+
+
+def test_reads_of_many_groups_are_split_within_the_databases_limit_of_parameters(
+    dialect, monkeypatch
+):
+    """The portable `group_reads_sql` (a UNION ALL, each read repeating the ready filter's
+    parameters) splits its reads into statements that each stay within the database's
+    limit of parameters (SQLite's may be 999): every read still gets its rows."""
+    from django.db import connection
+
+    groups = [f"g{n}" for n in range(12)]
+    expected = {group: JobFactory(group_key=group).pk for group in groups}
+    query = ready_jobs().order_by("-priority", "pk").values_list("pk", "group_key")
+    reads = [(group, 1) for group in groups]
+
+    def statements() -> list[tuple[str, list[Any]]]:
+        return dialect.run_in_transaction(
+            lambda: Dialect.group_reads_sql(dialect, query, reads, [], {})
+        )
+
+    per_read = len(statements()[0][1]) // len(groups)  # each read's parameters
+    # A property on the class: it wins over a value cached on the instance (PostgreSQL's).
+    limit = property(lambda features: per_read * 5)
+    monkeypatch.setattr(type(connection.features), "max_query_params", limit)
+    split = statements()
+    assert [len(params) // per_read for _, params in split] == [5, 5, 2]
+
+    def run() -> dict[str, int]:
+        found = {}
+        for sql, params in split:
+            with dialect.cursor() as cursor:
+                cursor.execute(sql, params)
+                for n, pk, group in cursor.fetchall():
+                    assert groups[n] == group
+                    found[group] = pk
+        return found
+
+    assert dialect.run_in_transaction(run) == expected

@@ -587,28 +587,38 @@ class Dialect:
         reads: Sequence[tuple[str, int]],
         indexes: Sequence[str],
         compiled: dict[Any, Any],
-    ) -> tuple[str, list[Any]]:
-        """The SQL and parameters of one statement that locks, for each (group, count) of
-        `reads`, the first `count` rows of `query` (a `values_list` of ready jobs in claim
-        order) of that group, read through one of `indexes`. With several reads each row
-        comes with the number of its read first (0, 1, ...); one read's rows come as they
-        are. `compiled` keeps what is compiled for `query` between calls (the caller's: one
-        per query).
+    ) -> list[tuple[str, list[Any]]]:
+        """The statements (SQL and parameters) that lock, for each (group, count) of `reads`,
+        the first `count` rows of `query` (a `values_list` of ready jobs in claim order) of
+        that group, read through one of `indexes`. With several reads each row comes with the
+        index of its read in `reads` first; one read's rows come as they are. `compiled`
+        keeps what is compiled for `query` between calls (the caller's: one per query).
 
         Here: each read compiled by the ORM once per count, its group a parameter, the reads
-        joined by UNION ALL.
+        joined by UNION ALL, up to MERGED_READS a statement and within the database's limit
+        of parameters (SQLite's may be 999, and each read repeats the ready filter's).
         """
-        branches, params = [], []
+        statements: list[tuple[str, list[Any]]] = []
+        branches: list[str] = []
+        params: list[Any] = []
+        most = self.connection.features.max_query_params or 65535
         for n, (group, count) in enumerate(reads):
             if count not in compiled:
                 sql, branch_params = self.compile_locked(query.filter(group_key=_MARK), count)
                 compiled[count] = (self.hinted_sql(sql, indexes), branch_params)
             sql, branch_params = compiled[count]
+            if branches and (
+                len(branches) >= MERGED_READS or len(params) + len(branch_params) > most
+            ):
+                statements.append((" UNION ALL ".join(branches), params))
+                branches, params = [], []
             if len(reads) > 1:
                 sql = f"SELECT {n} AS jq_read, r{n}.* FROM ({sql}) AS r{n}"
             branches.append(sql)
             params += [group if p == _MARK else p for p in branch_params]
-        return " UNION ALL ".join(branches), params
+        if branches:
+            statements.append((" UNION ALL ".join(branches), params))
+        return statements
 
     def compile_locked(self, queryset: QuerySet[Any], limit: int) -> tuple[str, list[Any]]:
         """The SQL and parameters of the first `limit` rows of `queryset`, with the claim's
@@ -1011,6 +1021,7 @@ def read_json(value: Any) -> Any:
 
 _LAZY = object()  # Dialect.cursor(): the transaction's cursor is made at its first use
 _MARK = "\x00group"  # group_reads_sql(): the group's place among a read's parameters
+MERGED_READS = 32  # group_reads_sql(): the most groups' reads in one UNION ALL
 
 # A claim of at most this many queues (a worker's --queue list) reads each queue's ready
 # index and merges them (Dialect.compile_merged); a claim of more reads the ready index.

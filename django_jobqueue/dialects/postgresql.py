@@ -147,7 +147,7 @@ class PostgreSQLDialect(Dialect):
         reads: Sequence[tuple[str, int]],
         indexes: Sequence[str],
         compiled: dict[Any, Any],
-    ) -> tuple[str, list[Any]]:
+    ) -> list[tuple[str, list[Any]]]:
         # One LATERAL read per (group, count) of two arrays: one statement text for any
         # number of reads, planned in a fraction of the time of a UNION of as many branches
         # (ten reads: 0.2 ms against 1.2 ms of planning). One read is its plain statement,
@@ -168,7 +168,7 @@ class PostgreSQLDialect(Dialect):
             )
         sql, params = compiled["lateral"]
         groups, counts = [group for group, _ in reads], [count for _, count in reads]
-        return sql, [array(groups), array(counts), *params]
+        return [(sql, [array(groups), array(counts), *params])]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
