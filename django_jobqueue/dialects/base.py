@@ -600,6 +600,8 @@ class Dialect:
         joined by UNION ALL, up to MERGED_READS a statement and within the database's limit
         of parameters (SQLite's may be 999, and each read repeats the ready filter's).
         """
+        if len(reads) > 1 and (merged := self.merged_group_reads_sql(query, reads, compiled)):
+            return [merged]
         statements: list[tuple[str, list[Any]]] = []
         branches: list[str] = []
         params: list[Any] = []
@@ -621,6 +623,13 @@ class Dialect:
         if branches:
             statements.append((" UNION ALL ".join(branches), params))
         return statements
+
+    def merged_group_reads_sql(
+        self, query: QuerySet[Any], reads: Sequence[tuple[str, int]], compiled: dict[Any, Any]
+    ) -> tuple[str, list[Any]] | None:
+        """One statement of all the (several) `reads` of `group_reads_sql`, where this
+        database has a better form than a UNION ALL of them; else None (here)."""
+        return None
 
     def compile_locked(self, queryset: QuerySet[Any], limit: int) -> tuple[str, list[Any]]:
         """The SQL and parameters of the first `limit` rows of `queryset`, with the claim's

@@ -141,19 +141,12 @@ class PostgreSQLDialect(Dialect):
         # One array parameter: the statement's text is the same for any number of values.
         return f"{column} = ANY(%s::text[])", [array(values)]
 
-    def group_reads_sql(
-        self,
-        query: QuerySet[Any],
-        reads: Sequence[tuple[str, int]],
-        indexes: Sequence[str],
-        compiled: dict[Any, Any],
-    ) -> list[tuple[str, list[Any]]]:
+    def merged_group_reads_sql(
+        self, query: QuerySet[Any], reads: Sequence[tuple[str, int]], compiled: dict[Any, Any]
+    ) -> tuple[str, list[Any]] | None:
         # One LATERAL read per (group, count) of two arrays: one statement text for any
         # number of reads, planned in a fraction of the time of a UNION of as many branches
-        # (ten reads: 0.2 ms against 1.2 ms of planning). One read is its plain statement,
-        # planned faster still.
-        if len(reads) <= 1:
-            return super().group_reads_sql(query, reads, indexes, compiled)
+        # (ten reads: 0.2 ms against 1.2 ms of planning).
         if "lateral" not in compiled:
             by_read = query.filter(group_key=RawSQL("jq_r.name", ()))
             sql, params = self.compile_locked(by_read, _LIMIT_MARK)
@@ -168,7 +161,7 @@ class PostgreSQLDialect(Dialect):
             )
         sql, params = compiled["lateral"]
         groups, counts = [group for group, _ in reads], [count for _, count in reads]
-        return [(sql, [array(groups), array(counts), *params])]
+        return sql, [array(groups), array(counts), *params]
 
     def _ends_with_this(self, cursor: Any) -> bool:
         """Whether the next statement of `cursor` may carry the COMMIT of its transaction:
