@@ -27,6 +27,6 @@ try:
             password=config["PASSWORD"],
             connect_timeout=3,
         ).close()
-except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+except Exception as exc:  # any failure means "not reachable"
     print(f"not reachable: {exc}", file=sys.stderr)
     sys.exit(1)
