@@ -12,7 +12,7 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from . import conf, registry, signals, validation, wake, workflows
+from . import conf, limits, quotas, registry, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
@@ -168,10 +168,15 @@ def _build(
     checked_args = validation.check_args(type, args, settings.max_args_bytes)
     if options.uses is None and handler.uses is not None:
         options = dataclasses.replace(options, uses=handler.default_uses(checked_args))
-    fields, delay = options.job_fields(settings)
+    fields, delay = options.job_fields(settings, lambda: _limits_in_force(settings))
     job = new_job(type=type, args=checked_args, **fields)
     job.run_after = delay if isinstance(delay, dt.datetime) else None
     return job, delay
+
+
+def _limits_in_force(settings: conf.JobQueueSettings) -> Mapping[str, limits.Spec]:
+    """JOBQUEUE["LIMITS"] with the live changes of `jobqueue_limits set` (one read)."""
+    return quotas.Resources(settings.limits).specs(settings.database)
 
 
 def new_container(

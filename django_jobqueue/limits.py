@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -61,16 +61,18 @@ def parse_spec(name: Any, value: Any, where: str = "JOBQUEUE['LIMITS']") -> Spec
             f"'rate' ('N/s', 'N/m' or 'N/h'), not {value!r}."
         )
     concurrency = value.get("concurrency")
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= INT_MAX
-    ):  # fmt: skip
+    if concurrency is not None and not valid_concurrency(concurrency):
         raise ImproperlyConfigured(
             f"{where}[{name!r}]['concurrency'] must be an integer from 1 to {INT_MAX}."
         )
     rate = value.get("rate")
     parsed = None if rate is None else parse_rate(name, rate, setting="LIMITS")
     return Spec(concurrency, parsed)
+
+
+def valid_concurrency(value: Any) -> bool:
+    """Whether `value` is a concurrency cap: a whole number from 1 to INT_MAX."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT_MAX
 
 
 def parse_limits(raw: Any) -> dict[str, Spec]:
@@ -104,16 +106,32 @@ def find(name: str, specs: Mapping[str, Spec]) -> tuple[str, Spec] | None:
     return best, specs[best]
 
 
-def check_uses(uses: Any, specs: Mapping[str, Spec]) -> dict[str, int] | None:
+def check_uses(
+    uses: Any,
+    specs: Mapping[str, Spec],
+    in_force: Callable[[], Mapping[str, Spec]] | None = None,
+) -> dict[str, int] | None:
     """Return `uses` if every resource it names has a limit and units that fit; else raise
-    InvalidJobError (before anything is written)."""
+    InvalidJobError (before anything is written).
+
+    Units fit a resource's cap in `specs` (the settings), or, where they do not and
+    `in_force` is given, its cap in force (`in_force()`: the settings with the live changes
+    of `jobqueue_limits set`, read only then): a job waits out a cap lowered for a while, and
+    may use what a raised one allows.
+    """
     if uses is None:
         return None
+    live: Mapping[str, Spec] | None = None
     if not isinstance(uses, Mapping):
         raise InvalidJobError(f"uses must map resource names to units, not {uses!r}.")
     checked = {}
     for name, units in uses.items():
         found = find(name, specs) if isinstance(name, str) else None
+        if found is not None and name.endswith("*"):  # a pattern: not one resource
+            raise InvalidJobError(
+                f"uses: {name!r} is a pattern of JOBQUEUE['LIMITS'], not a resource: name the "
+                f"resource it matches (for example {name[:-1] + '42'!r})."
+            )
         if found is None or UNSAFE_CHARS.search(name) or not 1 <= len(name) <= 255:
             known = ", ".join(sorted(specs)) or "none: JOBQUEUE['LIMITS'] is empty"
             raise InvalidJobError(
@@ -122,6 +140,11 @@ def check_uses(uses: Any, specs: Mapping[str, Spec]) -> dict[str, int] | None:
         if isinstance(units, bool) or not isinstance(units, int) or units < 1:
             raise InvalidJobError(f"uses: the units of {name!r} must be an integer >= 1.")
         cap = found[1].cap()
+        if cap is not None and units > cap and in_force is not None:
+            live = in_force() if live is None else live
+            changed = find(name, live)
+            cap = None if changed is None else changed[1].cap()
+            cap = None if cap is None else max(cap, found[1].cap() or cap)
         if cap is not None and units > cap:
             raise InvalidJobError(
                 f"uses: {units} units of {name!r} could never start: its limit "

@@ -11,10 +11,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from . import conf, limits, quotas
+from .conf import parse_rate
 from .dialects import Dialect
 from .exceptions import InvalidJobError
 from .models import Job, Limit, LimitSetting, ResourceStart
+from .validation import INT_MAX
 
 WAITING_SCAN = 100_000  # ready jobs with `uses` read to count the jobs waiting per resource
 
@@ -25,14 +29,14 @@ def current(dialect: Dialect) -> dict[str, limits.Spec]:
 
 
 def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
-    """One entry per resource (each configured name, each resource used so far): its limit,
-    what it holds now and how many ready jobs wait for it; sorted by name."""
+    """One entry per resource (each configured name, each resource used so far, each one a
+    ready or running job uses): its limit, what it holds now and how many ready jobs wait
+    for it; sorted by name."""
     using = dialect.using
     settings = limits.configured(conf.get())
     specs = current(dialect)
     changed = set(LimitSetting.objects.using(using).values_list("name", flat=True))
     rows = dict(Limit.objects.using(using).values_list("name", "closed_until"))
-    names = sorted({*rows, *specs})
     now = dialect.now()
     in_flight: dict[str, int] = {}
     for uses in (
@@ -48,6 +52,10 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     for uses in ready.values_list("uses", flat=True)[:WAITING_SCAN]:
         for name in uses or {}:
             waiting[name] = waiting.get(name, 0) + 1
+    # A resource has its row from its first claim; one whose jobs wait or run has its entry
+    # before that too.
+    used = {name for name in {*in_flight, *waiting} if limits.find(name, specs)}
+    names = sorted({*rows, *specs, *used})
     longest = max((s.rate[1] for s in specs.values() if s.rate), default=0)
     starts = ResourceStart.objects.using(using).filter(
         started_at__gt=now - dt.timedelta(seconds=longest + quotas.MARGIN)
@@ -87,19 +95,30 @@ def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str
     """Change limit `name` (a LIMITS entry, or a resource an entry governs) while workers run;
     they apply it within about two seconds. What is not given keeps its value in force (the
     last change's, else the settings'). InvalidJobError for a bad name or value."""
-    specs = limits.configured(conf.get())
-    if limits.find(name, specs) is None:
-        known = ", ".join(sorted(specs)) or "none"
-        raise InvalidJobError(f"{name!r} is not a limit of JOBQUEUE['LIMITS'] (known: {known}).")
+    _known(name)
     found = limits.find(name, current(dialect))
     if found is not None:
         in_force = found[1].describe()
         concurrency = in_force["concurrency"] if concurrency is None else concurrency
         rate = in_force["rate"] if rate is None else rate
     value = {k: v for k, v in {"concurrency": concurrency, "rate": rate}.items() if v is not None}
+    # Said in the command's words (the settings' check names JOBQUEUE['LIMITS']).
+    if concurrency is not None and not limits.valid_concurrency(concurrency):
+        raise InvalidJobError(
+            f"The concurrency of {name!r} must be a whole number from 1 to {INT_MAX}, "
+            f"not {concurrency!r}."
+        )
+    if rate is not None:
+        try:
+            parse_rate(name, rate, setting="LIMITS")
+        except ImproperlyConfigured:
+            raise InvalidJobError(
+                f"The rate of {name!r} must be 'N/s', 'N/m' or 'N/h' with a whole N from 1 to "
+                f"{INT_MAX}, not {rate!r}."
+            ) from None
     try:
-        limits.parse_spec(name, value, where="jobqueue_limits set")
-    except Exception as exc:  # ImproperlyConfigured: a bad value, said in the settings' words
+        limits.parse_spec(name, value)
+    except ImproperlyConfigured as exc:
         raise InvalidJobError(str(exc)) from None
     LimitSetting.objects.using(dialect.using).update_or_create(
         name=name, defaults={"concurrency": concurrency, "rate": rate or ""}
@@ -107,9 +126,20 @@ def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str
 
 
 def reset_limit(dialect: Dialect, name: str) -> bool:
-    """Go back to the settings' value of limit `name`; False if it was not changed."""
+    """Go back to the settings' value of limit `name`; False if it was not changed.
+    InvalidJobError if `name` is neither changed nor governed by JOBQUEUE["LIMITS"]."""
     deleted, _ = LimitSetting.objects.using(dialect.using).filter(name=name).delete()
+    if not deleted:  # a change of a name the settings dropped since can still be undone
+        _known(name)
     return bool(deleted)
+
+
+def _known(name: str) -> None:
+    """Raise InvalidJobError unless an entry of JOBQUEUE["LIMITS"] governs `name`."""
+    specs = limits.configured(conf.get())
+    if limits.find(name, specs) is None:
+        known = ", ".join(sorted(specs)) or "none"
+        raise InvalidJobError(f"{name!r} is not a limit of JOBQUEUE['LIMITS'] (known: {known}).")
 
 
 def reopen(dialect: Dialect, name: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import conf, limits, validation
@@ -45,12 +45,15 @@ class JobOptions:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def job_fields(
-        self, settings: conf.JobQueueSettings | None = None
+        self,
+        settings: conf.JobQueueSettings | None = None,
+        in_force: Callable[[], Mapping[str, limits.Spec]] | None = None,
     ) -> tuple[dict[str, Any], dt.datetime | dt.timedelta | None]:
         """Check every option; return the Job field values and run_after (absolute or relative).
 
         Unset options take the JOBQUEUE settings' defaults. Raises InvalidJobError (a
-        ValueError) naming the first bad option.
+        ValueError) naming the first bad option. `in_force`: the limits in force, read when
+        `uses` exceeds a cap of the settings (`limits.check_uses`).
         """
         settings = settings or conf.get()
         fields = {
@@ -70,6 +73,6 @@ class JobOptions:
             "unique_key": None
             if self.unique_key is None
             else validation.check_label("unique_key", self.unique_key, 255),
-            "uses": limits.check_uses(self.uses, limits.configured(settings)),
+            "uses": limits.check_uses(self.uses, limits.configured(settings), in_force),
         }
         return fields, validation.check_run_after(self.run_after)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .exceptions import HandlerRegistrationError, UnknownHandlerError
+from .exceptions import HandlerRegistrationError, InvalidJobError, UnknownHandlerError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,10 +29,20 @@ class Handler:
     uses: Mapping[str, int] | Callable[[dict[str, Any]], Mapping[str, int] | None] | None = None
 
     def default_uses(self, args: dict[str, Any]) -> Mapping[str, int] | None:
-        """The resources a job of this handler uses when `enqueue()` names none."""
-        if callable(self.uses):
+        """The resources a job of this handler uses when `enqueue()` names none.
+
+        InvalidJobError (nothing written) if the handler's callable fails on `args`: the
+        arguments lack what it reads, which is bad input like a bad `uses`.
+        """
+        if not callable(self.uses):
+            return self.uses
+        try:
             return self.uses(args)
-        return self.uses
+        except Exception as exc:
+            raise InvalidJobError(
+                f"uses: the default of handler {self.key!r} failed on the job's arguments: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
 
 _handlers: dict[str, Handler] = {}

@@ -54,6 +54,7 @@ def test_an_operator_changes_resets_and_reopens(admin_client: Client) -> None:
         {"action": "set", "name": "api", "rate": "5/d"},
         {"action": "set", "name": "api"},
         {"action": "explode", "name": "api"},
+        {"action": "reset", "name": "nope"},
     ],
 )
 def test_bad_changes_are_refused_with_a_message(admin_client: Client, data: dict) -> None:

@@ -66,6 +66,8 @@ def work(uses=None, **options):
         ({"tenant:42": 2}, "could never start"),
         (["api"], "must map"),
         ({"tenant:\x1b": 1}, "not a resource"),
+        ({"tenant:*": 1}, "is a pattern"),
+        ({"tenant:vip*": 1}, "is a pattern"),
     ],
 )
 def test_bad_uses_are_refused_before_any_write(uses, match):
@@ -139,6 +141,28 @@ def test_a_handler_gives_a_default_from_the_arguments():
     assert Job.objects.get(pk=jobqueue.enqueue("limits.static_default").pk).uses == {"api": 1}
     mine = jobqueue.enqueue("limits.tenant_work", {"tenant": 42}, uses={"api": 1})
     assert Job.objects.get(pk=mine.pk).uses == {"api": 1}  # given: the default is not used
+
+
+def test_a_handler_default_that_fails_on_the_arguments_is_bad_input():
+    with pytest.raises(InvalidJobError, match=r"limits\.tenant_work.*KeyError"):
+        jobqueue.enqueue("limits.tenant_work", {"sleep": 1.0})  # no "tenant" to read
+    with pytest.raises(InvalidJobError, match="KeyError"):
+        jobqueue.enqueue_many([("limits.tenant_work", {"tenant": 1}), ("limits.tenant_work", {})])
+    assert not Job.objects.exists()
+
+
+def test_units_may_use_a_raised_cap_and_wait_out_a_lowered_one():
+    with pytest.raises(InvalidJobError, match="allows 1"):
+        work(uses={"tenant:9": 3})
+    call_command("jobqueue_limits", "set", "tenant:9", "--concurrency", "3", stdout=StringIO())
+    raised = work(uses={"tenant:9": 3})  # the cap in force allows them
+    with pytest.raises(InvalidJobError, match="allows 3"):
+        work(uses={"tenant:9": 4})
+    call_command("jobqueue_limits", "set", "api", "--concurrency", "1", stdout=StringIO())
+    lowered = work(uses={"api": 2})  # the settings' cap allows them: it waits for a reset
+    assert claim() == [raised.pk]
+    call_command("jobqueue_limits", "reset", "api", stdout=StringIO())
+    assert claim() == [lowered.pk]
 
 
 def test_a_schedule_passes_what_its_jobs_use(settings):
@@ -524,6 +548,9 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
     }
     assert shown["tokens"]["started_in_window"] == 30 and shown["tokens"]["rate"] == "100/s"
     assert shown["api"]["in_flight"] == 0  # configured, never used
+    work(uses={"tenant:2": 1})  # waiting, never claimed: listed all the same
+    assert limits_json()["tenant:2"]["waiting"] == 1
+    assert limits_json()["tenant:*"]["waiting"] == 3
     call_command("jobqueue_limits", "set", "tenant:*", "--concurrency", "3", stdout=StringIO())
     assert limits_json()["tenant:1"]["concurrency"] == 3
     assert limits_json()["tenant:1"]["changed"] is True
@@ -542,6 +569,7 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
         (["set", "api", "--concurrency", "0"], "concurrency"),
         (["set", "api", "--rate", "5/d"], "N/s"),
         (["set", "bad\x1bname", "--concurrency", "1"], "control characters"),
+        (["reset", "nope"], "not a limit"),
     ],
 )
 def test_the_command_refuses_bad_changes(argv, match):

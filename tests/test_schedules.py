@@ -368,6 +368,30 @@ def test_a_schedule_can_name_a_django_task(settings):
 
 
 @requires_tasks
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_of_a_django_task_gives_its_jobs_the_resources_it_uses(settings):
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "LIMITS": {"api": {"concurrency": 2}, "tenant:*": {"concurrency": 1}},
+        "SCHEDULES": {
+            "sum": {
+                "task": "tests.testapp.tasks.add",
+                "every": 10,
+                "args": {"a": 2, "b": 3},
+                "uses": {"api": 1, "tenant:7": 1},
+            }
+        },
+    }
+    (s,) = schedules.configured()
+    dialect = get_dialect("default")
+    schedule_runner.ensure_states(dialect, [s], at("2026-01-01T00:00:00+00:00"))
+    job = schedule_runner.take_slot(dialect, s, at("2026-01-01T00:00:10+00:00"))
+    assert job is not None
+    job.refresh_from_db()
+    assert job.uses == {"api": 1, "tenant:7": 1}
+
+
+@requires_tasks
 @pytest.mark.parametrize(
     ("raw", "message"),
     [

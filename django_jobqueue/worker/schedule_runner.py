@@ -79,12 +79,14 @@ def enqueue_slot(schedule: Schedule, slot: dt.datetime) -> Job:
     options = schedule.job_options(slot)
     if schedule.task is None:
         return enqueue(schedule.handler, schedule.args, **options.as_kwargs())
-    # Only what the schedule sets: an unset group or queue keeps the task's own.
+    # Only what the schedule sets: an unset group, queue or uses keeps the task's own.
     changes: dict[str, Any] = {"unique_key": options.unique_key, "priority": options.priority}
     if options.group:
         changes["group"] = options.group
     if options.queue is not None:
         changes["queue_name"] = options.queue
+    if options.uses is not None:
+        changes["uses"] = options.uses
     result = import_string(schedule.task).using(**changes).enqueue(**schedule.args)
     return Job.objects.using(conf.get().database).get(pk=int(result.id))
 

@@ -48,7 +48,11 @@ class Command(BaseCommand):
             return
         if action == "reset":
             name = self._name(options["name"])
-            if occupancy.reset_limit(dialect, name):
+            try:
+                changed = occupancy.reset_limit(dialect, name)
+            except InvalidJobError as exc:
+                raise CommandError(str(exc)) from None
+            if changed:
                 self.stdout.write(f"Limit {name!r} is back to its settings' value.")
             else:
                 self.stdout.write(f"Limit {name!r} was not changed.")
