@@ -209,3 +209,25 @@ def test_the_quick_start_runs_as_written_on_postgresql(tmp_path):
     finally:
         with psycopg.connect(**admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_the_readme_explains_every_option_of_the_worker_command():
+    from django_jobqueue.management.commands.jobqueue_worker import Command
+
+    parser = Command().create_parser("manage.py", "jobqueue_worker")
+    own = {
+        flag
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and action.dest not in _DJANGO_OPTIONS
+    }
+    readme = (ROOT / "README.md").read_text()
+    table = {m.group(1) for m in re.finditer(r"^\| `(--[a-z-]+)", readme, re.MULTILINE)}
+    assert own and own <= table, f"not in the README's option table: {sorted(own - table)}"
+
+
+# Options every management command has (BaseCommand's), not the worker's own.
+_DJANGO_OPTIONS = {
+    "help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color",
+    "force_color", "skip_checks",
+}  # fmt: skip
