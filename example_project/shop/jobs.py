@@ -92,15 +92,6 @@ def ship_order(order_id: int) -> dict[str, Any]:
     return {"order": order.number, "tracking": f"TRK-{order.number}"}
 
 
-@jobqueue.handler("shop.email_tracking", takes_context=True)
-def email_tracking(ctx: jobqueue.JobContext, order_id: int) -> dict[str, Any]:
-    """Send the tracking number that ship_order returned (here: compose the message)."""
-    order = _order(order_id)
-    tracking = [r["tracking"] for r in ctx.upstream_results.values() if isinstance(r, dict)]
-    time.sleep(0.1)
-    return {"order": order.number, "message": f"Your order ships as {', '.join(tracking)}"}
-
-
 @jobqueue.handler("shop.rebuild_search", takes_context=True)
 def rebuild_search(ctx: jobqueue.JobContext, batches: int) -> dict[str, Any]:
     """Rebuild the search index batch by batch, stopping early when cancelled."""

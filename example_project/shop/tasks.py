@@ -9,6 +9,7 @@ worker process knows these tasks: a worker runs no task it has not seen defined.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.tasks import TaskContext, task
@@ -36,3 +37,22 @@ def notify_customer(context: TaskContext, order_id: int) -> dict[str, Any]:
         "message": f"Your order {order.number} ({order.total}) is complete.",
         "attempt": context.attempt,
     }
+
+
+@task(takes_context=True)
+def email_tracking(context: TaskContext, order_id: int) -> dict[str, Any]:
+    """Send the tracking number that ship_order returned (here: compose the message).
+
+    The demo (`shop_demo`) enqueues it with ``.using(depends_on=[ship], group="ops")``: a task
+    is a job like any other, so it is cancelled when ship_order dies and revived with it by
+    ``jobqueue.retry()``. The context's ``job`` (django_jobqueue's JobContext) holds the
+    upstream jobs' results.
+    """
+    try:
+        order = Order.objects.get(pk=order_id)
+    except Order.DoesNotExist:
+        raise jobqueue.Fail(f"Order {order_id} does not exist") from None
+    upstream = context.job.upstream_results.values()  # type: ignore[attr-defined]
+    tracking = [r["tracking"] for r in upstream if isinstance(r, dict)]
+    time.sleep(0.1)
+    return {"order": order.number, "message": f"Your order ships as {', '.join(tracking)}"}

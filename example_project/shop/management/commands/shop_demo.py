@@ -37,6 +37,7 @@ from django_jobqueue.admin import timeline
 from django_jobqueue.admin.graph import render
 from django_jobqueue.models import Job, JobStep, MinuteCount
 from shop.models import Order
+from shop.tasks import email_tracking
 
 TENANTS = {"acme": 3, "globex": 1}  # group -> weight
 OPS = "ops"  # the operations team's jobs: weight 1
@@ -131,7 +132,8 @@ class Command(BaseCommand):
             "retried after a short backoff (RETRY_BACKOFF 0.5 s here) and succeeds.\n"
             f"#{cast.ship.pk} [cyan]shop.ship_order[/] for {cast.order.number}, not paid yet: "
             f"it raises Fail and is dead at once, which cancels #{cast.email.pk} "
-            "[cyan]shop.email_tracking[/] (depends_on it). When the payment arrives, "
+            "[cyan]shop.tasks.email_tracking[/] (a Django task, depends_on it). When the "
+            "payment arrives, "
             "jobqueue.retry() revives both.\n"
             f"#{cast.search.pk} [cyan]shop.rebuild_search[/]: long; jobqueue.cancel() stops "
             "it while it runs.\n"
@@ -399,9 +401,9 @@ def enqueue_story(products: int) -> Cast:
         rates = jobqueue.enqueue("shop.fetch_rates", {"currency": "USD"}, group=OPS)
         order = Order.objects.create(number="ORD-0001", total=Decimal("42.00"))  # unpaid
         ship = jobqueue.enqueue("shop.ship_order", {"order_id": order.pk}, group=OPS)
-        email = jobqueue.enqueue(
-            "shop.email_tracking", {"order_id": order.pk}, depends_on=[ship], group=OPS
-        )
+        # A Django task (shop/tasks.py) in the same workflow: its job depends on ship_order's.
+        sent = email_tracking.using(depends_on=[ship], group=OPS).enqueue(order_id=order.pk)
+        email = Job.objects.get(pk=int(sent.id))
         search = jobqueue.enqueue("shop.rebuild_search", {"batches": 300}, group=OPS)
         report = jobqueue.enqueue(
             "shop.monthly_report", {"month": REPORT_MONTH, "pages": REPORT_PAGES}, group=OPS,
@@ -467,6 +469,8 @@ def check(cast: Cast, jobs: list[Job], ratio: float) -> list[str]:
         problems.append(f"fetch_rates took {get(cast.rates).attempts} attempts, not 2")
     if get(cast.ship).attempts != 2 or len(get(cast.ship).errors) != 1:
         problems.append("ship_order should have failed once and succeeded after retry()")
+    if not get(cast.email).type.startswith("task:"):  # the story's Django task
+        problems.append(f"email_tracking should be a Django task's job, not {cast.email.type}")
     if (get(cast.email).last_error or {}).get("type", "").rpartition(".")[2] != "UpstreamFailed":
         problems.append("email_tracking should keep its cancellation (UpstreamFailed) as history")
     if get(cast.search).state != Job.State.CANCELLED:
