@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import re
 from typing import Any
 
@@ -12,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from .exceptions import InvalidJobError
-from .validation import UNSAFE_CHARS, check_label
+from .validation import UNSAFE_CHARS, check_label, finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +78,7 @@ def parse_age(value: str | float | dt.timedelta) -> dt.timedelta:
     """Return an age given as "7d" (a number and s, m, h or d), seconds, or a timedelta."""
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
+    elif finite(value):
         seconds = float(value)
     elif isinstance(value, str) and (match := _AGE.match(value)):
         seconds = float(match[1]) * _UNITS[match[2]]
@@ -124,12 +123,7 @@ def _validate(conf: JobQueueSettings) -> None:
         value = getattr(conf, name)
         if value is None and allow_none:
             return
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        if not finite(value) or value <= 0:
             raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
         if name != "timeout" and value > MAX_INTERVAL:
             raise ImproperlyConfigured(
@@ -163,12 +157,7 @@ def _validate(conf: JobQueueSettings) -> None:
             raise ImproperlyConfigured(
                 f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
             )
-    if (
-        isinstance(conf.shutdown_timeout, bool)
-        or not isinstance(conf.shutdown_timeout, int | float)
-        or not math.isfinite(conf.shutdown_timeout)
-        or not 0 <= conf.shutdown_timeout <= MAX_INTERVAL
-    ):
+    if not finite(conf.shutdown_timeout) or not 0 <= conf.shutdown_timeout <= MAX_INTERVAL:
         raise ImproperlyConfigured(
             "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
             f"{MAX_INTERVAL:,.0f} (about 11.6 days)."
@@ -215,6 +204,13 @@ def _validate(conf: JobQueueSettings) -> None:
     if not isinstance(conf.rate_limits, dict):
         raise ImproperlyConfigured("JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
     for group, rate in conf.rate_limits.items():
+        # A group's rate has a lock row named "group:<name>" in a 255-character column, as a
+        # GROUP_LIMITS entry has: the same 200 characters at most.
+        if isinstance(group, str) and not 1 <= len(group) <= 200:
+            raise ImproperlyConfigured(
+                f"JOBQUEUE['RATE_LIMITS'] names a group of {len(group)} characters; a group "
+                "name has 1 to 200."
+            )
         parse_rate(group, rate)
     from .limits import parse_limits  # limits.py reads parse_rate from here
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import zoneinfo
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -179,12 +178,7 @@ def parse(name: Any, raw: Any) -> Schedule:
     if catch_up not in CATCH_UP:
         raise bad(f"'catch_up' must be 'once' or 'skip', not {catch_up!r}.")
     grace = raw.get("grace", DEFAULT_GRACE)
-    if (
-        isinstance(grace, bool)
-        or not isinstance(grace, int | float)
-        or not math.isfinite(grace)
-        or grace <= 0
-    ):
+    if not validation.finite(grace) or grace <= 0:
         raise bad(f"'grace' must be a positive number of seconds, not {grace!r}.")
     try:
         args = validation.check_args(handler, raw.get("args", {}), conf.get().max_args_bytes)

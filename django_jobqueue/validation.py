@@ -173,7 +173,7 @@ def check_timeout(value: Any) -> float | None:
         return None
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not finite(value):
         raise InvalidJobError(f"timeout must be seconds or a timedelta, not {value!r}.")
     if value <= 0:
         raise InvalidJobError(f"timeout must be positive, not {value!r}.")
@@ -248,14 +248,21 @@ def check_seconds(name: str, value: Any) -> float:
     return float(number)
 
 
+def finite(value: Any) -> bool:
+    """Whether `value` is an int or a float (not a bool) that is finite as a float: an int
+    too large for one (10**400) is not, where math.isfinite() would raise OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_number(name: str, value: Any) -> float:
     """Return `value` if it is a finite int or float (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidJobError(f"{name} must be a number, not {value!r}.")
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        finite = False
-    if not finite:
+    if not finite(value):
         raise InvalidJobError(f"{name} must be a finite number, not {value!r}.")
     return value

@@ -151,8 +151,17 @@ def test_valid_values(raw: dict[str, Any]) -> None:
         ({"GROUP_LIMITS": {"g\r": 1}}, "no control characters"),
         ({"QUEUE_LIMITS": {"q\u202e": 1}}, "no control characters"),
         ({"POOL_RETURN": "transaction"}, "POOL_RETURN'] must be 'job' or 'query'"),
+        # Integers too large for a float: refused, where math.isfinite() raised OverflowError.
+        ({"LEASE_TTL": 10**400}, "LEASE_TTL'] must be a positive number"),
+        ({"POLL_INTERVAL": 10**400}, "POLL_INTERVAL'] must be a positive number"),
+        ({"TIMEOUT": 10**400}, "TIMEOUT'] must be a positive number"),
+        ({"OPEN_CONTAINER_TIMEOUT": 10**400}, "OPEN_CONTAINER_TIMEOUT'] must be a positive"),
+        ({"SHUTDOWN_TIMEOUT": 10**400}, "SHUTDOWN_TIMEOUT"),
+        ({"RETENTION": {"done": 10**400}}, "RETENTION']['done']"),
+        # A group's rate lock row is "group:<name>" in a 255-character column.
+        ({"RATE_LIMITS": {"g" * 201: "1/s"}}, "a group name has 1 to 200"),
     ],
-    ids=str,
+    ids=lambda raw: str(raw)[:80],
 )
 def test_invalid_values(raw: dict[str, Any], text: str) -> None:
     with pytest.raises(ImproperlyConfigured) as info:

@@ -117,6 +117,7 @@ def _deep(levels: int) -> Any:
         ({"handler": "test.noop", "every": 1.5}, "'every' must be a whole number"),
         ({"handler": "test.noop", "every": 5, "catch_up": "all"}, "'catch_up' must be"),
         ({"handler": "test.noop", "every": 5, "grace": 0}, "'grace' must be"),
+        ({"handler": "test.noop", "every": 5, "grace": 10**400}, "'grace' must be"),
         ({"handler": "test.noop", "every": 5, "when": 1}, "unknown key(s) 'when'"),
         ({"handler": "test.noop", "every": 5, "args": {"x": {1, 2}}}, "not JSON-serializable"),
         ({"handler": "test.noop", "every": 5, "queue": ""}, "queue must be a non-empty"),

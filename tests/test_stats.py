@@ -171,7 +171,10 @@ def test_text_output_and_watch_redraws():
         ["--max-age", "-1"],
         ["--max-expired", "1.5"],
         ["--minutes", "0"],
+        ["--minutes", "1500000000"],  # was OverflowError: date value out of range
+        ["--minutes", "99999999999999"],
         ["--watch", "0"],
+        ["--watch", "1e300"],
         ["--watch", "1", "--check"],
     ],
 )

@@ -612,6 +612,13 @@ def test_check_timeout_none() -> None:
     assert validation.check_timeout(None) is None
 
 
+def test_a_timeout_too_large_for_a_float_is_bad_input() -> None:
+    with pytest.raises(InvalidJobError, match="timeout must be seconds"):
+        validation.check_timeout(10**400)  # was OverflowError from math.isfinite()
+    assert not validation.finite(10**400) and not validation.finite(True)
+    assert validation.finite(10**300) and validation.finite(-1.5)
+
+
 def test_check_label() -> None:
     assert validation.check_label("group", "", 10, allow_empty=True) == ""
     assert validation.check_label("queue", "q" * 10, 10) == "q" * 10

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import secrets
 import signal
@@ -43,6 +42,7 @@ from .. import conf as conf_module
 from ..attempts import InFlight
 from ..dialects import get_dialect
 from ..fairshare import FairShare
+from ..validation import finite
 from . import connection_pool, naming
 from .burst import BurstCheck
 from .closer import Closer
@@ -98,10 +98,10 @@ def _check_options(opts: WorkerOptions) -> None:
         raise ValueError("concurrency must be at least 1")
     for name in ("poll_interval", "lease_ttl", "heartbeat_interval"):
         value = getattr(opts, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not (finite(value) and value > 0):
             raise ValueError(f"{name} must be a finite positive number, not {value!r}")
     if opts.shutdown_timeout is not None and not (
-        math.isfinite(opts.shutdown_timeout) and opts.shutdown_timeout >= 0
+        finite(opts.shutdown_timeout) and opts.shutdown_timeout >= 0
     ):
         raise ValueError(
             f"shutdown_timeout must be a finite number >= 0, not {opts.shutdown_timeout!r}"

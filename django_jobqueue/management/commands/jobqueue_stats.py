@@ -11,8 +11,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobqueue import conf, stats, validation
+from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.dialects import get_dialect
 
+MAX_MINUTES = 366 * 24 * 60  # --minutes: a year at most (a window of the per-minute counts)
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 
 
@@ -72,11 +74,11 @@ class Command(BaseCommand):
             max_expired=_number("--max-expired", options["max_expired"], int, minimum=0),
             max_open_idle=_number("--max-open-idle", options["max_open_idle"], float, minimum=0),
         )
-        minutes = _number("--minutes", options["minutes"], int, minimum=1)
+        minutes = _number("--minutes", options["minutes"], int, minimum=1, maximum=MAX_MINUTES)
         watch = (
             None
             if options["watch"] is None
-            else _number("--watch", options["watch"], float, minimum=0.1)
+            else _number("--watch", options["watch"], float, minimum=0.1, maximum=MAX_INTERVAL)
         )
         if watch is not None and options["check"]:
             raise CommandError("--watch and --check do not go together.")
@@ -174,11 +176,15 @@ def _pairs(counts: dict[str, int]) -> str:
     return ", ".join(f"{name} ({n})" for name, n in counts.items())
 
 
-def _number(option: str, text: str, kind: type, *, minimum: float = 0.0) -> Any:
+def _number(
+    option: str, text: str, kind: type, *, minimum: float = 0.0, maximum: float | None = None
+) -> Any:
     try:
         value = kind(text)
     except (TypeError, ValueError):
         raise CommandError(f"{option}: {text!r} is not a number.") from None
     if value < minimum or (kind is float and value != value):
         raise CommandError(f"{option} must be at least {minimum:g}.")
+    if maximum is not None and value > maximum:
+        raise CommandError(f"{option} must be at most {maximum:,g}.")
     return value

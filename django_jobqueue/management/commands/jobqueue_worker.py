@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from typing import Any
@@ -16,7 +15,7 @@ from django.utils import autoreload
 from django_jobqueue import conf
 from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.exceptions import UnsupportedDatabaseError
-from django_jobqueue.validation import UNSAFE_CHARS
+from django_jobqueue.validation import UNSAFE_CHARS, finite
 from django_jobqueue.watchdog import Guard
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
@@ -27,7 +26,7 @@ def _positive(kind: type, maximum: float | None = None) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value <= 0:
+        if not finite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
         if maximum is not None and value > maximum:
             raise argparse.ArgumentTypeError(
@@ -43,7 +42,7 @@ def _non_negative(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
+    if not finite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative (and finite)")
     if value > MAX_INTERVAL:
         raise argparse.ArgumentTypeError(
