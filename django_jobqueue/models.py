@@ -523,8 +523,8 @@ class ScheduleState(models.Model):
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
     class Meta:
-        verbose_name = _("schedule state")
-        verbose_name_plural = _("schedule states")
+        verbose_name = _("schedule")  # the admin's Schedules page lists the schedules
+        verbose_name_plural = _("schedules")
 
     def __str__(self) -> str:
         return str(self.name)

@@ -287,6 +287,51 @@ def schedule(
     return decorator
 
 
+@dataclasses.dataclass(frozen=True)
+class Standing:
+    """Where one schedule stands, as `jobqueue_schedules` and the admin's Schedules page show
+    it: when it runs, its next slots and its last enqueued one (in its time zone)."""
+
+    schedule: Schedule
+    when: str  # "every 30s", or "cron '0 3 * * *' (Europe/Paris)"
+    next_slots: list[dt.datetime]
+    last_enqueued: dt.datetime | None
+    last_job_id: int | None
+
+
+def standings(dialect: Dialect, count: int = 1) -> list[Standing]:
+    """Every schedule (ImproperlyConfigured if one is bad) with its next `count` slots, after
+    the schedules' clock's now, and the last slot a worker enqueued (ScheduleState)."""
+    from .models import ScheduleState
+
+    found = configured()
+    now = clock(dialect)()
+    states = {s.name: s for s in ScheduleState.objects.using(dialect.using)}
+    result = []
+    for schedule in found:
+        when = (
+            f"every {schedule.every}s"
+            if schedule.every is not None
+            else f"cron '{schedule.cron}' ({schedule.timezone.key})"
+        )
+        slots, moment = [], now
+        for _ in range(count):
+            moment = schedule.next_after(moment)
+            slots.append(moment.astimezone(schedule.timezone))
+        state = states.get(schedule.name)
+        last = None if state is None or state.enqueued_slot is None else state.enqueued_slot
+        result.append(
+            Standing(
+                schedule,
+                when,
+                slots,
+                None if last is None else last.astimezone(schedule.timezone),
+                None if last is None or state is None else state.job_id,
+            )
+        )
+    return result
+
+
 def clock(dialect: Dialect) -> Clock:
     """Return the schedules' clock: JOBQUEUE["SCHEDULE_CLOCK"], else the database's."""
     hook = conf.get().schedule_clock

@@ -1,4 +1,5 @@
-"""The operators' admin: jobs, live leases, dead jobs, workers, limits, an overview, actions.
+"""The operators' admin: jobs, live leases, dead jobs, workers, limits, schedules, an overview,
+actions.
 
 Importing this package registers every page with the default admin site, and the handler of
 the job that applies an action to a whole filtered list (bulk.py).
@@ -9,6 +10,7 @@ from .jobs import JobAdmin
 from .limits import LimitAdmin
 from .lists import DeadJobAdmin, LiveLeaseAdmin
 from .overview import QueueOverviewAdmin
+from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
 
 __all__ = [
@@ -17,5 +19,6 @@ __all__ = [
     "LimitAdmin",
     "LiveLeaseAdmin",
     "QueueOverviewAdmin",
+    "ScheduleAdmin",
     "WorkerAdmin",
 ]

@@ -10,14 +10,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import reverse
 
 from .. import conf, occupancy, pausing, validation
 from ..dialects import get_dialect
 from ..exceptions import InvalidJobError
 from ..models import Job, Limit
-from . import display, filters
+from . import filters
+from .pages import OnePageAdmin
 
 logger = logging.getLogger("django_jobqueue.admin.actions")
 ACTIONS = ("set", "reset", "reopen", "pause", "resume")
@@ -33,42 +32,29 @@ class LimitActionForm(forms.Form):
 
 
 @admin.register(Limit)
-class LimitAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class LimitAdmin(OnePageAdmin):
     """One page instead of a list of lock rows: occupancy, and changes that apply live."""
 
-    class Media:
-        css = {"all": [display.STYLESHEET]}
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    title = "Limits"
+    template = "admin/django_jobqueue/limits.html"
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        dialect = get_dialect(conf.get().database)
         if request.method == "POST":
-            if not self.has_change_permission(request):
+            if not self.has_view_permission(request) or not self.has_change_permission(request):
                 raise PermissionDenied
-            self._act(request, dialect)
-            return HttpResponseRedirect(reverse("admin:django_jobqueue_limit_changelist"))
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Limits",
-            "opts": self.model._meta,
+            self._act(request, get_dialect(conf.get().database))
+            return HttpResponseRedirect(self.page_url())
+        return super().changelist_view(request, extra_context)
+
+    def page_context(self, request: HttpRequest) -> dict[str, Any]:
+        dialect = get_dialect(conf.get().database)
+        return {
             "entries": occupancy.occupancy(dialect),
             "queues": queues(dialect.using),
             "can_change": self.has_change_permission(request),
-            **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/django_jobqueue/limits.html", context)
-
-    def change_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        return HttpResponseRedirect(reverse("admin:django_jobqueue_limit_changelist"))
 
     def _act(self, request: HttpRequest, dialect: Any) -> None:
         form = LimitActionForm(request.POST)
