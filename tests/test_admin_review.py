@@ -95,3 +95,20 @@ def test_no_retry_is_offered_where_it_would_be_refused(
     assert "retrying that job revives this one" in html
     html = admin_client.get(url("job_change", scenario.child_dead.pk)).content.decode()
     assert 'value="retry_jobs"' in html
+
+
+def test_no_retry_is_offered_while_another_job_holds_the_unique_key(
+    admin_client: Client,
+) -> None:
+    import django_jobqueue as jobqueue
+
+    dead = jobqueue.enqueue("test.noop", unique_key="uk-1")
+    Job.objects.filter(pk=dead.pk).update(
+        state=Job.State.DEAD, attempts=1, finished_at=timezone.now(), unique_slot=None
+    )
+    page = url("job_change", dead.pk)
+    assert 'value="retry_jobs"' in admin_client.get(page).content.decode()
+    holder = jobqueue.enqueue("test.noop", unique_key="uk-1")  # the key is free again
+    html = admin_client.get(page).content.decode()
+    assert 'value="retry_jobs"' not in html and "retry-from-step" not in html
+    assert f"{url('job_change', holder.pk)}" in html and "holds its unique key now" in html

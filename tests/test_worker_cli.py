@@ -89,6 +89,10 @@ def test_help_lists_every_option():
         (["--lease-ttl", "1e12"], "is over 1,000,000 seconds"),
         (["--heartbeat-interval", "1e12"], "is over 1,000,000 seconds"),
         (["--shutdown-timeout", "1e12"], "is over 1,000,000 seconds"),
+        (["--queue", "q\x07"], "queue must not contain control characters"),
+        (["--queue", ""], "queue must be a non-empty string"),
+        (["--queue", "q" * 101], "queue must be at most 100 characters"),
+        (["--concurrency", "1" * 400], "must be positive and finite"),  # too large for a float
     ],
 )
 def test_bad_option_values_are_refused_before_the_worker_starts(args, message):

@@ -249,6 +249,13 @@ class JobAdmin(JobPagesAdmin):
                 "it waits on job {}: retry that job first (retrying this one is refused)",
                 display.job_link(*blocked),
             )
+        holder = key_holder(job) if job.state in Job.FAILED_STATES else None
+        if holder is not None:
+            return format_html(
+                "job {} holds its unique key now and has not finished: retrying this one is "
+                "refused",
+                display.job_link(*holder),
+            )
         if job.state == Job.State.CANCELLED and job.cancel_requested:
             who = operator_cancel(job)
             if who:
@@ -385,6 +392,8 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state in Job.FAILED_STATES and not job.is_container:
         if failed_upstream(job) is not None:  # retry() would refuse: retry that one
             return []
+        if key_holder(job) is not None:  # retry() would refuse: its key is taken
+            return []
         return [("retry_jobs", "Retry")]
     if job.is_container and not job.sealed and job.state == Job.State.WAITING:
         return [("seal_containers", "Seal"), ("cancel_jobs", "Cancel")]
@@ -397,6 +406,20 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if job.state not in Job.TERMINAL_STATES:
         return [("cancel_jobs", "Cancel")]
     return []
+
+
+def key_holder(job: Job) -> tuple[int, str] | None:
+    """The unfinished job (its id and state) that holds the unique key of `job` now, or None:
+    while there is one, retrying `job` is refused (two unfinished jobs never share a key)."""
+    if not job.unique_key:
+        return None
+    row = (
+        Job.objects.filter(unique_key=job.unique_key, unique_slot__isnull=False)
+        .exclude(pk=job.pk)
+        .values_list("pk", "state")
+        .first()
+    )
+    return (int(row[0]), str(row[1])) if row else None
 
 
 def failed_upstream(job: Job) -> tuple[int, str] | None:

@@ -14,8 +14,8 @@ from django.utils import autoreload
 
 from django_jobqueue import conf
 from django_jobqueue.conf import MAX_INTERVAL
-from django_jobqueue.exceptions import UnsupportedDatabaseError
-from django_jobqueue.validation import UNSAFE_CHARS, finite
+from django_jobqueue.exceptions import InvalidJobError, UnsupportedDatabaseError
+from django_jobqueue.validation import UNSAFE_CHARS, check_label, finite
 from django_jobqueue.watchdog import Guard
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
@@ -62,6 +62,15 @@ def _worker_id(text: str) -> str:
     return text
 
 
+def _queue(text: str) -> str:
+    # A queue name as enqueue() takes it (the queue column, 100 characters): a worker given one
+    # no job can have would claim nothing, and its name is printed in the start-up line.
+    try:
+        return check_label("queue", text, 100)
+    except InvalidJobError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -88,6 +97,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--queue",
             action="append",
+            type=_queue,
             dest="queues",
             default=[],
             metavar="NAME",
