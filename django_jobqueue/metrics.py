@@ -22,11 +22,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, IntegerField, Max, Min, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from .dialects import get_dialect
 from .dialects.functions import MinuteSlot
 from .models import Job, MinuteCount, MinuteSample
 from .records import ClaimedJob
@@ -129,12 +129,10 @@ def write(using: str, worker: str, minutes: dict[dt.datetime, dict[str, Any]]) -
     """Store a worker's minute totals (one upsert of its own rows)."""
     if not minutes:
         return
-    # MySQL's upsert (ON DUPLICATE KEY UPDATE) names no conflict target: any unique key counts.
-    target = connections[using].features.supports_update_conflicts_with_target
     MinuteCount.objects.using(using).bulk_create(
         [MinuteCount(minute=key, worker=worker, **values) for key, values in minutes.items()],
         update_conflicts=True,
-        unique_fields=["minute", "worker"] if target else None,
+        unique_fields=get_dialect(using).conflict_target(["minute", "worker"]),
         update_fields=["started", "finished", "failed", "latency"],
     )
 

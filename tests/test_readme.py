@@ -150,7 +150,8 @@ def project_results(project: Path) -> list[tuple[str, str, object]]:
 
 
 def check_installed_package(project: Path) -> None:
-    """The installed (not editable) package carries its templates and the licence text."""
+    """The installed (not editable) package carries its templates, its static files and the
+    licence text."""
     code = (
         "import importlib.metadata as m, pathlib, django_jobqueue; "
         "print(pathlib.Path(django_jobqueue.__file__).parent); "
@@ -159,8 +160,11 @@ def check_installed_package(project: Path) -> None:
     installed, has_licence = project_python(project, "-c", code).split()
     assert has_licence == "True"
     assert Path(installed).resolve() != (ROOT / "django_jobqueue").resolve()
-    for template in (ROOT / "django_jobqueue" / "templates").rglob("*.html"):
-        relative = template.relative_to(ROOT / "django_jobqueue")
+    package = ROOT / "django_jobqueue"
+    shipped = [*(package / "templates").rglob("*.html"), *(package / "static").rglob("*.*")]
+    assert any(path.suffix == ".js" for path in shipped)
+    for path in shipped:
+        relative = path.relative_to(package)
         assert (Path(installed) / relative).exists(), relative
 
 

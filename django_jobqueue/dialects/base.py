@@ -190,6 +190,14 @@ class Dialect:
         )
         return sql, [*params, *names_params]
 
+    def conflict_target(self, fields: Sequence[str]) -> list[str] | None:
+        """`unique_fields` for an upsert (`bulk_create(update_conflicts=True)`) on the unique
+        `fields`: them, or None where the database's upsert names no conflict target (MySQL's
+        ON DUPLICATE KEY UPDATE, which any unique key triggers)."""
+        return (
+            list(fields) if self.connection.features.supports_update_conflicts_with_target else None
+        )
+
     def in_sql(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL true for a row whose `column` is one of `values`: an IN list here."""
         return f"{column} IN ({', '.join(['%s'] * len(values))})", [*values]
