@@ -305,7 +305,7 @@ if HAS_TASKS:
                     task = dataclasses.replace(task, **enqueued)
             errors = list(job.errors or [])
             if (
-                job.state in ("dead", "cancelled")
+                job.state in Job.FAILED_STATES
                 and job.last_error
                 and (not errors or errors[-1] != job.last_error)
             ):

@@ -36,7 +36,7 @@ ROWS = 60  # bars drawn one per job; the rest collapse per handler key
 MAX_CHILDREN = 2000  # children read; a larger workflow shows its first 2,000 (by id)
 ROW, LABEL, WIDTH = 16, 190, 640
 SUSPENSIONS = (SLEEP, EVENT, WAIT, SPAWN)
-FAILED = {Job.State.DEAD, Job.State.CANCELLED}
+FAILED = set(Job.FAILED_STATES)
 OTHERS = "(other handlers)"
 
 
