@@ -305,7 +305,7 @@ if HAS_TASKS:
                     task = dataclasses.replace(task, **enqueued)
             errors = list(job.errors or [])
             if (
-                job.state in Job.FAILED_STATES
+                job.state in type(job).FAILED_STATES  # no model import at module level
                 and job.last_error
                 and (not errors or errors[-1] != job.last_error)
             ):
