@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 
 import django_jobqueue as jobqueue
 from django_jobqueue.dialects import get_dialect
@@ -106,6 +106,38 @@ def test_worker_transaction_settings_end_with_the_transaction(fails):
         assert session_values(connection) == before
     finally:
         # bound_waits() marked this thread's connection as a worker's: forget it.
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+
+
+@pytest.mark.skipif(VENDOR == "sqlite", reason="SQLite has no statement timeout")
+def test_no_statement_of_a_worker_transaction_runs_longer_than_it_may_sit_idle():
+    """Every worker transaction bounds its statements (as long as it may sit idle): a slow
+    statement is ended by the server instead of holding the transaction open."""
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+    before = session_values(connection)
+    try:
+        dialect.bound_waits(3.0, 11.0)
+        seen = dialect.run_in_transaction(lambda: session_values(connection))
+        if VENDOR == "postgresql":
+            assert seen["statement_timeout"] == "11s"
+        elif connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            assert float(seen["max_statement_time"]) == 11.0
+        else:
+            assert int(seen["max_execution_time"]) == 11000
+        assert session_values(connection) == before
+        if VENDOR == "postgresql":
+            dialect.bound_waits(3.0, 1.0)
+            started = time.monotonic()
+
+            def slow() -> None:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_sleep(5)")
+
+            with pytest.raises(OperationalError, match="statement timeout"):
+                dialect.run_in_transaction(slow, tries=1)
+            assert time.monotonic() - started < 4.5
+    finally:
         vars(connection).pop("_jobqueue_waits", None)
         vars(connection).pop("_jobqueue_bound_waits", None)
 

@@ -138,9 +138,12 @@ class MySQLDialect(Dialect):
     @contextmanager
     def transaction_waits(self, lock_timeout: float, idle_timeout: float | None) -> Iterator[None]:
         values = {"innodb_lock_wait_timeout": str(max(1, round(lock_timeout)))}
-        # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting.
-        if idle_timeout and self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-            values["idle_transaction_timeout"] = str(max(1, round(idle_timeout)))
+        # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting. No
+        # statement runs longer either (MySQL bounds only its SELECTs, the locking reads).
+        if idle_timeout:
+            values.update(self._statement_bound(idle_timeout))
+            if self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+                values["idle_transaction_timeout"] = str(max(1, round(idle_timeout)))
         with self._session_values(values):
             yield
 
@@ -149,12 +152,13 @@ class MySQLDialect(Dialect):
         # MariaDB bounds every statement (max_statement_time, seconds); MySQL only SELECTs,
         # the locking read included (max_execution_time, ms), and its UPDATE by primary key
         # waits for locks no longer than innodb_lock_wait_timeout.
-        if self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-            values = {"max_statement_time": f"{max(0.001, timeout):.3f}"}
-        else:
-            values = {"max_execution_time": str(max(1, int(timeout * 1000)))}
-        with self._session_values(values):
+        with self._session_values(self._statement_bound(timeout)):
             yield
+
+    def _statement_bound(self, timeout: float) -> dict[str, str]:
+        if self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            return {"max_statement_time": f"{max(0.001, timeout):.3f}"}
+        return {"max_execution_time": str(max(1, int(timeout * 1000)))}
 
     @contextmanager
     def _session_values(self, values: dict[str, str]) -> Iterator[None]:
@@ -167,17 +171,21 @@ class MySQLDialect(Dialect):
         them (nor the user variables that kept the old values).
         """
         conn: Any = self.connection
+        # A block inside another (a statement bound inside a transaction's) keeps the values
+        # it saves apart from the outer block's: the outer one gives back the session's own.
+        depth = getattr(conn, "_jobqueue_session_depth", 0)
+        keep = "jobqueue_" if depth == 0 else f"jobqueue{depth}_"
         save = ", ".join(
-            f"@jobqueue_{n} = @@SESSION.{n}, SESSION {n} = {v}" for n, v in values.items()
+            f"@{keep}{n} = @@SESSION.{n}, SESSION {n} = {v}" for n, v in values.items()
         )
-        restore = "SET " + ", ".join(
-            f"SESSION {n} = @jobqueue_{n}, @jobqueue_{n} = NULL" for n in values
-        )
+        restore = "SET " + ", ".join(f"SESSION {n} = @{keep}{n}, @{keep}{n} = NULL" for n in values)
         with conn.cursor() as cursor:
             cursor.execute(f"SET {save}")
+        conn._jobqueue_session_depth = depth + 1
         try:
             yield
         except BaseException:
+            conn._jobqueue_session_depth = depth
             # Django refuses queries in a transaction that failed, until its rollback; the
             # server takes a SET there still, through the driver's own cursor.
             if conn.connection is not None:
@@ -188,6 +196,7 @@ class MySQLDialect(Dialect):
                     finally:
                         raw.close()
             raise
+        conn._jobqueue_session_depth = depth
         with conn.cursor() as cursor:
             cursor.execute(restore)
 

@@ -210,7 +210,10 @@ class PostgreSQLDialect(Dialect):
         # of two statements, one round trip, the settings in force before the second runs.
         values = [("lock_timeout", lock_timeout)]
         if idle_timeout:
+            # No statement of the transaction runs longer than it may sit idle either: nothing
+            # holds a worker's transaction (and its row locks) open for minutes.
             values.append(("idle_in_transaction_session_timeout", idle_timeout))
+            values.append(("statement_timeout", idle_timeout))
         settings = ", ".join(
             f"set_config('{name}', '{max(1, int(value * 1000))}ms', true)" for name, value in values
         )
