@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -161,22 +162,28 @@ def _build(
     args: dict[str, Any] | None,
     options: JobOptions,
     settings: conf.JobQueueSettings | None = None,
+    in_force: Callable[[], Mapping[str, limits.Spec]] | None = None,
 ) -> tuple[Job, dt.datetime | dt.timedelta | None]:
-    """Return an unsaved, fully validated Job and its run_after (absolute or relative)."""
+    """Return an unsaved, fully validated Job and its run_after (absolute or relative).
+
+    `in_force`: the limits in force, read only for `uses` over a cap of the settings; a caller
+    that builds many jobs passes one `limits_in_force()` for all (`cached_in_force`).
+    """
     settings = settings or conf.get()
     handler = registry.get(type)  # raises UnknownHandlerError
     checked_args = validation.check_args(type, args, settings.max_args_bytes)
     if options.uses is None and handler.uses is not None:
         options = dataclasses.replace(options, uses=handler.default_uses(checked_args))
-    fields, delay = options.job_fields(settings, lambda: _limits_in_force(settings))
+    fields, delay = options.job_fields(settings, in_force or cached_in_force(settings))
     job = new_job(type=type, args=checked_args, **fields)
     job.run_after = delay if isinstance(delay, dt.datetime) else None
     return job, delay
 
 
-def _limits_in_force(settings: conf.JobQueueSettings) -> Mapping[str, limits.Spec]:
-    """JOBQUEUE["LIMITS"] with the live changes of `jobqueue_limits set` (one read)."""
-    return quotas.Resources(settings.limits).specs(settings.database)
+def cached_in_force(settings: conf.JobQueueSettings) -> Callable[[], Mapping[str, limits.Spec]]:
+    """A function that reads JOBQUEUE["LIMITS"] with the live changes of `jobqueue_limits
+    set` at its first call, and gives the same at the next ones (one read for a batch)."""
+    return functools.cache(lambda: quotas.Resources(settings.limits).specs(settings.database))
 
 
 def new_container(

@@ -20,6 +20,7 @@ from .enqueuing import (
     _build,
     _check_refs,
     _ids,
+    cached_in_force,
     defaults,
     enqueue,
     job_from,
@@ -51,6 +52,7 @@ class Graph:
 
     def __init__(self) -> None:
         self.settings = conf.get()
+        self.in_force = cached_in_force(self.settings)  # read once for the graph, if at all
         self.using = self.settings.database
         self._nodes: list[_Node] = []
         self._known: set[int] = set()  # id() of this graph's unsaved jobs
@@ -78,7 +80,7 @@ class Graph:
                 "Graph.add() takes run_after as a datetime: the jobs of a graph are written "
                 "together, so compute the time once (timezone.now() + delay)."
             )
-        job, _ = _build(type, args, JobOptions.pick(locals()), settings=self.settings)
+        job, _ = _build(type, args, JobOptions.pick(locals()), self.settings, self.in_force)
         return self._add(job, list(depends_on), parent)
 
     def container(
@@ -296,7 +298,8 @@ def enqueue_many(specs: Iterable[tuple[str, dict[str, Any]] | dict[str, Any]]) -
             kwargs.pop("unique_key", None)
             plain.append(builder.add(**kwargs))
         else:
-            _build(kwargs["type"], kwargs.get("args"), JobOptions.pick(kwargs), builder.settings)
+            options = JobOptions.pick(kwargs)
+            _build(kwargs["type"], kwargs.get("args"), options, builder.settings, builder.in_force)
             plain.append(None)
     if all(job is not None for job in plain):
         return builder.save()
@@ -326,6 +329,7 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
     enqueue showed that bookkeeping and the per-job option checks as most of its Python time.
     """
     settings = conf.get()
+    in_force = cached_in_force(settings)
     templates: dict[Any, dict[str, Any]] = {}
     jobs = []
     for spec in specs:
@@ -335,12 +339,12 @@ def _enqueue_plain(specs: list[dict[str, Any]]) -> list[Job]:
             if isinstance(type_, str) and callable(registry.get(type_).uses):
                 template = _EACH  # what it uses depends on its args: each job built in full
             else:
-                job, _ = _build(type_, None, JobOptions(), settings)
+                job, _ = _build(type_, None, JobOptions(), settings, in_force)
                 own = {k: v for k, v in job.__dict__.items() if k not in _OWN}
                 template = {**defaults(), **own, "state": Job.State.READY}
             templates[type_] = template
         if template is _EACH:
-            job, _ = _build(type_, spec.get("args"), JobOptions(), settings)
+            job, _ = _build(type_, spec.get("args"), JobOptions(), settings, in_force)
             job.state = Job.State.READY
             jobs.append(job)
             continue

@@ -8,6 +8,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from django.db import DatabaseError
+
 from .exceptions import HandlerRegistrationError, InvalidJobError, UnknownHandlerError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,6 +40,8 @@ class Handler:
             return self.uses
         try:
             return self.uses(args)
+        except DatabaseError:  # the database failing, not the arguments
+            raise
         except Exception as exc:
             raise InvalidJobError(
                 f"uses: the default of handler {self.key!r} failed on the job's arguments: "

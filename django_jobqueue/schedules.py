@@ -190,7 +190,7 @@ def parse(name: Any, raw: Any) -> Schedule:
     return Schedule(
         name=name, handler=handler, task=task, cron=cron, every=every, timezone=tz, args=args,
         queue=queue, group=group, priority=priority, catch_up=catch_up, grace=float(grace),
-        uses=dict(uses) if uses else None,
+        uses=None if uses is None else dict(uses),  # {}: none, as for enqueue()
     )  # fmt: skip
 
 

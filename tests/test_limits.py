@@ -11,6 +11,8 @@ from io import StringIO
 import pytest
 from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
@@ -165,11 +167,24 @@ def test_units_may_use_a_raised_cap_and_wait_out_a_lowered_one():
     assert claim() == [lowered.pk]
 
 
+def test_a_batch_reads_the_limits_in_force_once():
+    call_command("jobqueue_limits", "set", "tenant:9", "--concurrency", "3", stdout=StringIO())
+    specs = [{"type": "limits.work", "uses": {"tenant:9": 2}, "group": "g"}] * 20
+    with CaptureQueriesContext(connection) as seen:
+        jobs = jobqueue.enqueue_many(specs)
+    assert len(jobs) == 20
+    reads = [q for q in seen.captured_queries if "limitsetting" in q["sql"].lower()]
+    assert len(reads) == 1
+
+
 def test_a_schedule_passes_what_its_jobs_use(settings):
     from django_jobqueue import schedules
 
     schedule = schedules.parse("s", {"handler": "limits.work", "every": 60, "uses": {"api": 1}})
     assert schedule.job_options(timezone.now()).uses == {"api": 1}
+    # {} means "none", as for enqueue(): not the handler's default.
+    none = schedules.parse("n", {"handler": "limits.tenant_work", "every": 60, "uses": {}})
+    assert none.job_options(timezone.now()).uses == {}
     with pytest.raises(Exception, match="not a resource"):
         schedules.parse("s", {"handler": "limits.work", "every": 60, "uses": {"no": 1}})
 

@@ -127,7 +127,7 @@ def test_no_statement_of_a_worker_transaction_runs_longer_than_it_may_sit_idle()
             assert int(seen["max_execution_time"]) == 11000
         assert session_values(connection) == before
         if VENDOR == "postgresql":
-            dialect.bound_waits(3.0, 1.0)
+            dialect.bound_waits(0.5, 1.0)  # statements: max(1.0, 2 * 0.5) = 1 s
             started = time.monotonic()
 
             def slow() -> None:
@@ -138,6 +138,33 @@ def test_no_statement_of_a_worker_transaction_runs_longer_than_it_may_sit_idle()
                 dialect.run_in_transaction(slow, tries=1)
             assert time.monotonic() - started < 4.5
     finally:
+        vars(connection).pop("_jobqueue_waits", None)
+        vars(connection).pop("_jobqueue_bound_waits", None)
+
+
+@POSTGRES
+def test_a_lock_wait_still_ends_as_a_lock_timeout_under_a_short_lease():
+    """The statement bound is never below twice the lock wait bound: with a lease TTL under
+    LOCK_TIMEOUT, a wait for a row lock still ends as a lock timeout (transient: retried),
+    not as a statement timeout."""
+    job = jobqueue.enqueue("test.noop")
+    dialect = get_dialect(DEFAULT_DB_ALIAS)
+    holder = psycopg.connect(**connection.get_connection_params(), autocommit=False)
+    try:
+        holder.execute("SELECT 1 FROM django_jobqueue_job WHERE id = %s FOR UPDATE", [job.pk])
+        dialect.bound_waits(1.0, 0.5)
+
+        def locked() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM django_jobqueue_job WHERE id = %s FOR UPDATE", [job.pk]
+                )
+
+        with pytest.raises(Exception, match="lock timeout"):
+            dialect.run_in_transaction(locked, tries=1)
+    finally:
+        holder.rollback()
+        holder.close()
         vars(connection).pop("_jobqueue_waits", None)
         vars(connection).pop("_jobqueue_bound_waits", None)
 

@@ -74,6 +74,13 @@ class TransientDatabaseError(DatabaseError):
     """A write transaction kept failing on lock contention after bounded retries."""
 
 
+def statement_bound(lock_timeout: float, idle_timeout: float) -> float:
+    """How long a statement of a worker transaction may run: as long as the transaction may
+    sit idle (the lease TTL), and never less than twice its lock wait bound, so that a wait
+    for a lock still ends as a lock timeout (a transient error, retried at once)."""
+    return max(idle_timeout, 2 * lock_timeout)
+
+
 class LockedResources(NamedTuple):
     """The `Limit` rows a claim locked: each one's (name, closed_until), the database's time at
     the lock, and the `uses` of the jobs in flight that use them (read after the lock)."""

@@ -14,7 +14,7 @@ from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 
 from ..exceptions import UnsupportedDatabaseError
 from ..models import Job
-from .base import Dialect
+from .base import Dialect, statement_bound
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)
@@ -141,7 +141,7 @@ class MySQLDialect(Dialect):
         # MariaDB ends a transaction left idle this long; MySQL 8 has no such setting. No
         # statement runs longer either (MySQL bounds only its SELECTs, the locking reads).
         if idle_timeout:
-            values.update(self._statement_bound(idle_timeout))
+            values.update(self._statement_bound(statement_bound(lock_timeout, idle_timeout)))
             if self.connection.mysql_is_mariadb:  # type: ignore[attr-defined]
                 values["idle_transaction_timeout"] = str(max(1, round(idle_timeout)))
         with self._session_values(values):

@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobStep
 from ..records import Finished, FinishReport
-from .base import Dialect, seconds
+from .base import Dialect, seconds, statement_bound
 from .functions import DbNow
 from .literals import array
 
@@ -213,7 +213,7 @@ class PostgreSQLDialect(Dialect):
             # No statement of the transaction runs longer than it may sit idle either: nothing
             # holds a worker's transaction (and its row locks) open for minutes.
             values.append(("idle_in_transaction_session_timeout", idle_timeout))
-            values.append(("statement_timeout", idle_timeout))
+            values.append(("statement_timeout", statement_bound(lock_timeout, idle_timeout)))
         settings = ", ".join(
             f"set_config('{name}', '{max(1, int(value * 1000))}ms', true)" for name, value in values
         )

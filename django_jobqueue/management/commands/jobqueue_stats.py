@@ -186,5 +186,5 @@ def _number(
     if value < minimum or (kind is float and value != value):
         raise CommandError(f"{option} must be at least {minimum:g}.")
     if maximum is not None and value > maximum:
-        raise CommandError(f"{option} must be at most {maximum:,g}.")
+        raise CommandError(f"{option} must be at most {maximum:,.10g}.")
     return value
