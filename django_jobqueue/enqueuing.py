@@ -167,7 +167,7 @@ def _build(
     """Return an unsaved, fully validated Job and its run_after (absolute or relative).
 
     `in_force`: the limits in force, read only for `uses` over a cap of the settings; a caller
-    that builds many jobs passes one `limits_in_force()` for all (`cached_in_force`).
+    that builds many jobs passes one `cached_in_force()` for all.
     """
     settings = settings or conf.get()
     handler = registry.get(type)  # raises UnknownHandlerError
