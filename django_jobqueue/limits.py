@@ -121,10 +121,10 @@ def check_uses(
     """
     if uses is None:
         return None
-    live: Mapping[str, Spec] | None = None
     if not isinstance(uses, Mapping):
         raise InvalidJobError(f"uses must map resource names to units, not {uses!r}.")
     checked = {}
+    live: Mapping[str, Spec] | None = None
     for name, units in uses.items():
         found = find(name, specs) if isinstance(name, str) else None
         if found is not None and name.endswith("*"):  # a pattern: not one resource
@@ -143,8 +143,8 @@ def check_uses(
         if cap is not None and units > cap and in_force is not None:
             live = in_force() if live is None else live
             changed = find(name, live)
-            cap = None if changed is None else changed[1].cap()
-            cap = None if cap is None else max(cap, found[1].cap() or cap)
+            live_cap = None if changed is None else changed[1].cap()
+            cap = None if live_cap is None else max(cap, live_cap)  # None: no cap in force
         if cap is not None and units > cap:
             raise InvalidJobError(
                 f"uses: {units} units of {name!r} could never start: its limit "

@@ -319,16 +319,11 @@ def standings(dialect: Dialect, count: int = 1) -> list[Standing]:
             moment = schedule.next_after(moment)
             slots.append(moment.astimezone(schedule.timezone))
         state = states.get(schedule.name)
-        last = None if state is None or state.enqueued_slot is None else state.enqueued_slot
-        result.append(
-            Standing(
-                schedule,
-                when,
-                slots,
-                None if last is None else last.astimezone(schedule.timezone),
-                None if last is None or state is None else state.job_id,
-            )
-        )
+        if state is None or state.enqueued_slot is None:
+            result.append(Standing(schedule, when, slots, None, None))
+        else:
+            last = state.enqueued_slot.astimezone(schedule.timezone)
+            result.append(Standing(schedule, when, slots, last, state.job_id))
     return result
 
 

@@ -185,7 +185,6 @@ class MySQLDialect(Dialect):
         try:
             yield
         except BaseException:
-            conn._jobqueue_session_depth = depth
             # Django refuses queries in a transaction that failed, until its rollback; the
             # server takes a SET there still, through the driver's own cursor.
             if conn.connection is not None:
@@ -196,7 +195,8 @@ class MySQLDialect(Dialect):
                     finally:
                         raw.close()
             raise
-        conn._jobqueue_session_depth = depth
+        finally:
+            conn._jobqueue_session_depth = depth
         with conn.cursor() as cursor:
             cursor.execute(restore)
 
