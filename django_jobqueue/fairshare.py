@@ -55,6 +55,9 @@ HELD_BACK_FOR = 0.25
 # The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
 # that serves one queue) the queue's; never the ready index, which holds every group's.
 ONE_GROUP = (READY_GROUP_INDEX, READY_QUEUE_INDEX)
+# Seconds after a claim that found a limit's lock row held by another transaction (and so
+# started nothing it governs) before the worker claims again, for the jobs it held back.
+HELD_RETRY = 0.05
 
 
 class FairShare:
@@ -92,6 +95,9 @@ class FairShare:
         self._paused_until = 0.0
         # The rate-limited starts of the last select(), counted by record_starts().
         self._starts: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
+        # When (monotonic) to claim again for the jobs the last select() held back because
+        # another transaction held a lock row of their limits; None: none was held.
+        self._held_retry: float | None = None
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -100,9 +106,13 @@ class FairShare:
         keys += [f"queue:{q}" for q in self.queue_limits]
         if self.dynamic is not None:
             keys.append(DYNAMIC_KEY)
-        if keys:
-            ConcurrencyLimit.objects.using(using).bulk_create(
-                [ConcurrencyLimit(key=k) for k in keys], ignore_conflicts=True
+        # Only those missing: on MySQL an INSERT IGNORE of a row another transaction holds
+        # waits for it.
+        rows = ConcurrencyLimit.objects.using(using)
+        missing = set(keys) - set(rows.filter(key__in=keys).values_list("key", flat=True))
+        if missing:
+            rows.bulk_create(
+                [ConcurrencyLimit(key=k) for k in sorted(missing)], ignore_conflicts=True
             )
 
     @property
@@ -124,7 +134,11 @@ class FairShare:
 
     def retry_at(self) -> float | None:
         """When (time.monotonic()) a rate that held work back has room again, or None."""
-        times = [t for t in (self.rate_limits.retry_at, self.resources.retry_at) if t]
+        times = [
+            t
+            for t in (self.rate_limits.retry_at, self.resources.retry_at, self._held_retry)
+            if t is not None
+        ]
         return min(times) if times else None
 
     def _locked_groups(self) -> set[str]:
@@ -206,6 +220,7 @@ class FairShare:
         """
         ordered = self._ordered(ready)
         demand = self._current_demand(ready)
+        self._held_retry = None
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
@@ -213,7 +228,7 @@ class FairShare:
             dynamic = self.ask_dynamic(ready)
         # A group the hook was not asked about (the view changed meanwhile) starts nothing.
         dynamic = {d.group: dynamic.get(d.group, 0) for d in demand} if self.dynamic else {}
-        self._lock_limits(dialect, demand)
+        held = self._lock_limits(dialect, demand)
         in_flight: dict[str, int] = {}
         # The groups' jobs in flight weigh the split and cap a group: moot for a lone group
         # that no group cap governs (LIMITS alone, one group: a claim spares a query).
@@ -234,7 +249,15 @@ class FairShare:
         for group, left in rated.items():
             cap = room.get(group)
             room[group] = left if cap is None else min(left, cap)
-        queue_room = self._queue_room(dialect.using)
+        # A limit whose lock row another transaction holds starts nothing in this claim (it
+        # was not waited for): its groups get no room, its queue none either.
+        held_groups = [g for g in demand.by_name if f"group:{g}" in held]
+        if DYNAMIC_KEY in held:
+            held_groups += list(dynamic)
+        room.update(dict.fromkeys(held_groups, 0))
+        queue_room = self._queue_room(dialect.using, held)
+        if held_groups or any(q.startswith("queue:") for q in held):
+            self._held_retry = time.monotonic() + HELD_RETRY
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
@@ -489,7 +512,16 @@ class FairShare:
             logger.exception("DYNAMIC_LIMIT raised for group %r; no job of it starts now", group)
             return 0
 
-    def _lock_limits(self, dialect: Dialect, demand: Demand) -> None:
+    def _lock_limits(self, dialect: Dialect, demand: Demand) -> set[str]:
+        """Lock the rows of the group, queue and dynamic limits this claim may start jobs
+        under, without waiting; return the keys of those another transaction holds.
+
+        A claim counts the jobs in flight only once it holds a limit's row (a statement after
+        the lock, at READ COMMITTED, sees what earlier holders committed), so no two workers
+        can both see room for the same last slot. It never waits for a row: one held (by a
+        concurrent claim, or by any transaction that locked it) gives no room to what it
+        governs in this claim, and every other group goes on.
+        """
         keys = sorted(
             [f"group:{g}" for g in self._locked_groups() if g in demand.by_name]
             + [f"queue:{q}" for q in self.queue_limits]
@@ -497,18 +529,24 @@ class FairShare:
             # governs, or two workers could both see room for the same last slot.
             + ([DYNAMIC_KEY] if self.dynamic is not None else [])
         )
-        if keys:
-            # Blocking FOR UPDATE (not SKIP LOCKED): a second claimer must wait and then count
-            # the first one's committed claims, or both would see room for the same last slot.
-            list(
-                dialect.lock_blocking(
-                    ConcurrencyLimit.objects.using(dialect.using)
-                    .filter(key__in=keys)
-                    .order_by("key")
-                ).values_list("key", flat=True)
-            )
+        if not keys:
+            return set()
+        rows = ConcurrencyLimit.objects.using(dialect.using)
+        locked = set(dialect.lock(rows.filter(key__in=keys)).values_list("key", flat=True))
+        if len(locked) < len(keys):
+            # Missing (ensure_limit_rows makes them at a worker's start), or held: a read that
+            # takes no lock tells which. Missing ones are made, then all locked again.
+            missing = set(keys) - locked
+            new = missing - set(rows.filter(key__in=missing).values_list("key", flat=True))
+            if new:
+                rows.bulk_create(
+                    [ConcurrencyLimit(key=k) for k in sorted(new)], ignore_conflicts=True
+                )
+                locked = set(dialect.lock(rows.filter(key__in=keys)).values_list("key", flat=True))
+        return set(keys) - locked
 
-    def _queue_room(self, using: str) -> dict[str, int]:
+    def _queue_room(self, using: str, held: Collection[str] = ()) -> dict[str, int]:
+        """The jobs each capped queue may still start (0 for a queue whose row is held)."""
         if not self.queue_limits:
             return {}
         running = dict(
@@ -519,7 +557,10 @@ class FairShare:
             .annotate(n=Count("pk"))
             .values_list("queue", "n")
         )
-        return {q: limit - running.get(q, 0) for q, limit in self.queue_limits.items()}
+        return {
+            q: 0 if f"queue:{q}" in held else limit - running.get(q, 0)
+            for q, limit in self.queue_limits.items()
+        }
 
 
 def _trim_to_queue_room(

@@ -3,9 +3,11 @@
 How a claim decides (`Resources.open` and `take`, inside the claim transaction; see `limits`
 for what the settings and `uses` say):
 - the candidate jobs, already locked (SKIP LOCKED), name their resources;
-- the `Limit` row of each resource (made on first use) is locked FOR UPDATE, in name order:
-  a claim waits only for claims of jobs that use one of the same resources, never for those
-  of another tenant's;
+- the `Limit` row of each resource (made on first use) is locked FOR UPDATE SKIP LOCKED: a
+  claim never waits for a resource's row. A row another transaction holds (a concurrent
+  claim of the same resource, an operator's transaction) gives its resource no room in this
+  claim: the jobs that use it wait, every other job goes on, and the worker claims again at
+  once without them, then looks at the held resource again HELD_FOR seconds later;
 - a resource's room: its concurrency cap minus the units of the jobs in flight that use it
   (read from those jobs' rows), its rate minus the units started in its window
   (`ResourceStart` rows), none while it is closed (`RateLimited`);
@@ -36,6 +38,9 @@ from .models import Limit, LimitSetting, ResourceStart
 OVERRIDES_EVERY = 1.0
 # The window of a rate is held this much longer than its period (see ratelimits.MARGIN).
 MARGIN = 0.1
+# Seconds a claim leaves out the jobs of a resource found without room (or its row held by
+# another transaction) before it looks at the resource again.
+HELD_FOR = 0.25
 
 
 @dataclasses.dataclass
@@ -45,16 +50,17 @@ class Room:
     concurrency: int | None  # units that may still go in flight (None: no cap)
     rate: int | None  # units that may still start in the window (None: no rate)
     closed: bool = False
+    held: bool = False  # its row is locked by another transaction: no room in this claim
 
     def fits(self, units: int) -> bool:
-        if self.closed:
+        if self.closed or self.held:
             return False
         return all(left is None or units <= left for left in (self.concurrency, self.rate))
 
     def capped(self, units: int) -> bool:
-        """Whether `units` do not fit for want of concurrency room (rather than a closure or
-        a rate): jobs in flight that end give such room back."""
-        return self.concurrency is not None and units > self.concurrency
+        """Whether `units` do not fit for want of concurrency room (rather than a closure, a
+        rate or a held row): jobs in flight that end give such room back."""
+        return not self.held and self.concurrency is not None and units > self.concurrency
 
     def take(self, units: int) -> None:
         if self.concurrency is not None:
@@ -76,7 +82,9 @@ class Resources:
         # ends may give them room, so they are looked at again then (jobs_ended()).
         self._capped: set[str] = set()
         self._ended = False
-        self.retry_at: float | None = None  # when a rate held back by its window has room
+        # When (monotonic) to claim again: a rate held back by its window has room, or at once
+        # after a claim left jobs behind for a row another transaction held. Set per claim.
+        self.retry_at: float | None = None
         # The claim in progress: each resource's room, its limits, the rate-limited units taken.
         self._rooms: dict[str, Room] = {}
         self._governed: dict[str, Spec] = {}
@@ -110,7 +118,11 @@ class Resources:
         return True
 
     def skipped(self) -> list[str]:
-        """The resources a claim need not look at now (found without room a moment ago)."""
+        """The resources a claim need not look at now (found without room a moment ago).
+
+        Called once at the start of each claim that applies LIMITS.
+        """
+        self.retry_at = None
         if self._ended:  # jobs ended since: the capped ones may have room again
             self._ended = False
             for name in self._capped:
@@ -145,9 +157,13 @@ class Resources:
         rooms = self._rooms
         blocked = [n for n, units in uses.items() if n not in rooms or not rooms[n].fits(units)]
         if blocked:
-            refill = time.monotonic() + min(0.25, OVERRIDES_EVERY)
-            self.full.update(dict.fromkeys(blocked, refill))
+            now = time.monotonic()
+            self.full.update(dict.fromkeys(blocked, now + min(HELD_FOR, OVERRIDES_EVERY)))
             self._capped.update(n for n in blocked if n in rooms and rooms[n].capped(uses[n]))
+            if any(n in rooms and rooms[n].held for n in blocked):
+                # Held by another transaction: claim again at once without this resource's
+                # jobs, so that the others' jobs behind them start now, not at the next poll.
+                self.retry_at = now
             return False
         for name, units in uses.items():
             rooms[name].take(units)
@@ -159,6 +175,7 @@ class Resources:
         capped = sorted(name for name, spec in governed.items() if spec.concurrency is not None)
         rows, now, uses = self._lock(dialect, sorted(governed), capped)
         closed = {name for name, until in rows if until and until > now}
+        locked = {name for name, _ in rows}
         in_flight = _units(uses, capped)
         rated = {name: spec.rate for name, spec in governed.items() if spec.rate}
         started = self._started_in_windows(dialect.using, rated, now)
@@ -168,24 +185,31 @@ class Resources:
             if spec.concurrency is not None:
                 concurrency = max(0, spec.concurrency - in_flight.get(name, 0))
             rate = None if spec.rate is None else max(0, spec.rate[0] - started.get(name, 0))
-            rooms[name] = Room(concurrency, rate, name in closed)
+            rooms[name] = Room(concurrency, rate, name in closed, name not in locked)
         return rooms
 
     def _lock(self, dialect: Dialect, names: list[str], capped: list[str]) -> LockedResources:
-        """Lock the `Limit` rows of `names` (made first if missing), in name order, blocking:
-        a second claim of the same resource waits, then counts what the first one started.
-        Return each row's (name, closed_until), the database's time at the lock, and the
-        `uses` of the jobs in flight that use a resource of `capped` (read after the lock)."""
-        # A resource has its row from its first claim on: then this is one round trip. Rows
-        # found missing are made (ignoring those another claim made meanwhile) and all are
-        # locked again. A rare deadlock among claims making rows is retried (is_transient).
+        """Lock the `Limit` rows of `names` that no other transaction holds (made first if
+        missing), without waiting: a second claim of the same resource passes over it, and
+        counts what the first one started at its next look. Return each row locked (name,
+        closed_until), the database's time at the lock, and the `uses` of the jobs in flight
+        that use a resource of `capped` (read after the lock)."""
+        # A resource has its row from its first claim on: then this is one round trip. A name
+        # not locked has no row yet, or another transaction holds it: a read that takes no
+        # lock tells which (an INSERT of a held row would wait for its holder on MySQL). Rows
+        # missing are made (ignoring those another claim made meanwhile) and all are locked
+        # again, the jobs in flight read after that lock.
         locked = dialect.lock_resources(names, capped)
         if len(locked.rows) < len(names):
             found = {row[0] for row in locked.rows}
-            Limit.objects.using(dialect.using).bulk_create(
-                [Limit(name=name) for name in names if name not in found], ignore_conflicts=True
-            )
-            locked = dialect.lock_resources(names, capped)
+            missing = [name for name in names if name not in found]
+            existing = dialect.existing_resources(missing)
+            new = [name for name in missing if name not in existing]
+            if new:
+                Limit.objects.using(dialect.using).bulk_create(
+                    [Limit(name=name) for name in new], ignore_conflicts=True
+                )
+                locked = dialect.lock_resources(names, capped)
         return locked
 
     def _started_in_windows(

@@ -159,14 +159,18 @@ class Dialect:
 
     # How a SELECT waits for and locks its rows (none on SQLite: its writers take turns).
     blocking_lock_sql = " FOR UPDATE"
+    # How a SELECT locks the rows it can lock at once, passing over those another transaction
+    # holds (none on SQLite, as above).
+    skip_locked_sql = " FOR UPDATE SKIP LOCKED"
 
     def lock_resources(self, names: Sequence[str], capped: Sequence[str] = ()) -> LockedResources:
-        """Lock the existing `Limit` rows of `names`, in name order, waiting for their holders;
-        then read the `uses` of the jobs in flight that use any resource of `capped`.
+        """Lock the existing `Limit` rows of `names` that no other transaction holds, without
+        waiting; then read the `uses` of the jobs in flight that use any resource of `capped`.
 
-        Return each row's (name, closed_until), the database's time at the lock, and those
-        `uses`. The jobs in flight are read by a statement of its own, after the lock: at READ
-        COMMITTED it sees what the claims it waited for committed.
+        Return each row locked (name, closed_until), the database's time at the lock, and
+        those `uses`: a name missing from the rows has no row yet, or another transaction
+        holds it. The jobs in flight are read by a statement of its own, after the lock: at
+        READ COMMITTED it sees what the claims that held those rows before committed.
         """
         statements = [self.lock_resources_sql(names)]
         if capped:
@@ -193,9 +197,18 @@ class Dialect:
         named, names_params = self.in_sql("name", names)
         sql = (
             f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
-            f"WHERE {named} ORDER BY name{self.blocking_lock_sql}"
+            f"WHERE {named} ORDER BY name{self.skip_locked_sql}"
         )
         return sql, [*params, *names_params]
+
+    def existing_resources(self, names: Sequence[str]) -> set[str]:
+        """The names of `names` that have a `Limit` row, read without a lock (nor a wait)."""
+        named, params = self.in_sql("name", names)
+        with self.cursor() as cursor:
+            cursor.execute(
+                f"SELECT name FROM {self.qn(Limit._meta.db_table)} WHERE {named}", params
+            )
+            return {name for (name,) in cursor.fetchall()}
 
     def conflict_target(self, fields: Sequence[str]) -> list[str] | None:
         """`unique_fields` for an upsert (`bulk_create(update_conflicts=True)`) on the unique

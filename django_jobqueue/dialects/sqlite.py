@@ -42,6 +42,7 @@ class SQLiteDialect(Dialect):
         return queryset
 
     blocking_lock_sql = ""  # BEGIN IMMEDIATE made this transaction the only writer
+    skip_locked_sql = ""
 
     def merged_group_reads_sql(
         self, query: QuerySet[Any], reads: Sequence[tuple[str, int]], compiled: dict[Any, Any]
