@@ -143,7 +143,7 @@ def _enqueue(
     job, delay = _build(type, args, options)
     upstream_ids = _ids(depends_on, using, "depends_on")
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
-    if spawning:  # only once the child passed its checks: a refused one writes nothing
+    if spawning and parent_id is not None:  # once the child passed its checks, not before
         Job.objects.using(using).filter(pk=parent_id, has_children=False).update(has_children=True)
 
     other = _open_transaction_elsewhere(using) if follow_caller else None

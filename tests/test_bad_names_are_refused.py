@@ -171,9 +171,29 @@ def test_a_bad_event_key_or_container_name_is_refused(case: str) -> None:
             jobqueue.send_event(name, {"ok": True})
         with refused(InvalidJobError), jobqueue.container(name):
             pass
+        with refused(InvalidJobError), jobqueue.graph() as g:
+            g.container(name)
         assert usable()
     assert not JobEvent.objects.exists()
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("case", ["lone-surrogate", "nul", "empty", "too-long"])
+def test_a_bad_effect_key_is_refused(case: str) -> None:
+    """An effect key is the application's own and never printed: only what no column takes
+    is refused (a control character is allowed)."""
+    with transaction.atomic():
+        with refused(InvalidJobError):
+            jobqueue.record_effect(BAD_NAMES[case])
+        assert usable()
+        assert jobqueue.record_effect("tenant:\x1b") is True
+
+
+def test_printable_escapes_what_a_terminal_or_utf_8_cannot_take() -> None:
+    assert validation.printable("a\x1b[2J\n\u202e\ud800b") == "a\\x1b[2J\\n\\u202e\\ud800b"
+    assert (
+        validation.printable("zwj: \u200d, emoji: \U0001f600") == "zwj: \u200d, emoji: \U0001f600"
+    )
 
 
 DURABLE_CASES = [
