@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from .exceptions import InvalidJobError
-from .validation import UNSAFE_CHARS, check_label, finite
+from .validation import check_label, finite, name_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +166,7 @@ def _validate(conf: JobQueueSettings) -> None:
         limits = getattr(conf, name)
         # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
         if not isinstance(limits, dict) or not all(
-            isinstance(k, str)
-            and 1 <= len(k) <= 200
-            and not UNSAFE_CHARS.search(k)
+            name_problem(k, 200) is None
             and isinstance(v, int)
             and not isinstance(v, bool)
             and 1 <= v <= INT_MAX
@@ -206,10 +204,11 @@ def _validate(conf: JobQueueSettings) -> None:
     for group, rate in conf.rate_limits.items():
         # A group's rate has a lock row named "group:<name>" in a 255-character column, as a
         # GROUP_LIMITS entry has: the same 200 characters at most.
-        if isinstance(group, str) and not 1 <= len(group) <= 200:
+        problem = name_problem(group, 200)
+        if problem:
             raise ImproperlyConfigured(
-                f"JOBQUEUE['RATE_LIMITS'] names a group of {len(group)} characters; a group "
-                "name has 1 to 200."
+                "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters, without "
+                f"control characters, to 'N/s', 'N/m' or 'N/h': a group name {problem}."
             )
         parse_rate(group, rate)
     from .limits import parse_limits  # limits.py reads parse_rate from here
@@ -268,16 +267,13 @@ def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[
     count, _, period = text.partition("/")
     # isdecimal() and isascii(): "²".isdigit() is true, but int("²") raises ValueError.
     if (
-        not isinstance(group, str)
-        or UNSAFE_CHARS.search(group)
-        or not (count.isascii() and count.isdecimal())
+        not (count.isascii() and count.isdecimal())
         or not 1 <= int(count) <= INT_MAX
         or period not in RATE_PERIODS
     ):
         raise ImproperlyConfigured(
             f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
-            f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length), "
-            "and a name without control characters."
+            f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length)."
         )
     return int(count), RATE_PERIODS[period]
 

@@ -118,13 +118,10 @@ def spawn_child(parent_id: int, type: str, args: Any, options: dict[str, Any]) -
             else (f"got unknown options {unknown}")
         )
         raise InvalidJobError(f"spawn() {what}")
-    job_options = JobOptions(**options)
-    using = conf.get().database
-    Job.objects.using(using).filter(pk=parent_id, has_children=False).update(has_children=True)
     return _enqueue(
         type,
         args,
-        job_options,
+        JobOptions(**options),
         depends_on=depends_on,
         parent=parent_id,
         follow_caller=False,
@@ -146,6 +143,8 @@ def _enqueue(
     job, delay = _build(type, args, options)
     upstream_ids = _ids(depends_on, using, "depends_on")
     parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+    if spawning and parent_id is not None:  # once the child passed its checks, not before
+        Job.objects.using(using).filter(pk=parent_id, has_children=False).update(has_children=True)
 
     other = _open_transaction_elsewhere(using) if follow_caller else None
     if other is not None:

@@ -141,14 +141,20 @@ class RateLimited(Exception):
 
     Raises:
         TypeError: `resource` is not a string, or `retry_after` not a number or timedelta.
-        ValueError: `resource` is empty, or `retry_after` negative, not finite or too long.
+        ValueError: `resource` is not a resource name (empty, over 255 characters, with a
+            control character, a lone surrogate or a `*`), or `retry_after` negative, not
+            finite or too long.
     """
 
     def __init__(self, resource: str, retry_after: float | dt.timedelta = 0.0) -> None:
+        # Imported here: validation imports this module.
+        from .validation import name_problem
+
         if not isinstance(resource, str):
             raise TypeError(f"RateLimited resource must be a string, not {resource!r}.")
-        if not 1 <= len(resource) <= 255:
-            raise ValueError("RateLimited resource must be 1 to 255 characters.")
+        problem = name_problem(resource, 255, star="none")
+        if problem:
+            raise ValueError(f"RateLimited resource {problem}.")
         self.resource = resource
         self.retry_after = _retry_delay(retry_after, "RateLimited retry_after")
         super().__init__(f"{resource} is rate limited for {self.retry_after:g}s")

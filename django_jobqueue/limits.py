@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import JobQueueSettings, parse_rate
 from .exceptions import InvalidJobError
-from .validation import INT_MAX, UNSAFE_CHARS
+from .validation import INT_MAX, name_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,15 +45,11 @@ class Spec:
 
 def parse_spec(name: Any, value: Any, where: str = "JOBQUEUE['LIMITS']") -> Spec:
     """Return the Spec of one LIMITS entry, or raise ImproperlyConfigured naming it."""
-    if (
-        not isinstance(name, str)
-        or not 1 <= len(name) <= 255
-        or UNSAFE_CHARS.search(name)
-        or "*" in name[:-1]
-    ):
+    problem = name_problem(name, 255, star="end")
+    if problem:
         raise ImproperlyConfigured(
-            f"{where}: {name!r} is not a resource name (1 to 255 characters, no control "
-            "characters; a '*' only at the end, for a pattern)."
+            f"{where}: a resource name (1 to 255 characters, no control characters; a '*' "
+            f"only at the end, for a pattern) {problem}."
         )
     if not isinstance(value, dict) or not value or set(value) - {"concurrency", "rate"}:
         raise ImproperlyConfigured(
@@ -132,7 +128,10 @@ def check_uses(
                 f"uses: {name!r} is a pattern of JOBQUEUE['LIMITS'], not a resource: name the "
                 f"resource it matches (for example {name[:-1] + '42'!r})."
             )
-        if found is None or UNSAFE_CHARS.search(name) or not 1 <= len(name) <= 255:
+        problem = name_problem(name, 255, star="none")
+        if problem:
+            raise InvalidJobError(f"uses: not a resource: its name {problem}.")
+        if found is None:
             known = ", ".join(sorted(specs)) or "none: JOBQUEUE['LIMITS'] is empty"
             raise InvalidJobError(
                 f"uses: {name!r} is not a resource of JOBQUEUE['LIMITS'] (known: {known})."

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from . import conf, limits, quotas
+from . import conf, limits, quotas, validation
 from .conf import parse_rate
 from .dialects import Dialect
 from .exceptions import InvalidJobError
@@ -128,10 +128,17 @@ def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str
 def reset_limit(dialect: Dialect, name: str) -> bool:
     """Go back to the settings' value of limit `name`; False if it was not changed.
     InvalidJobError if `name` is neither changed nor governed by JOBQUEUE["LIMITS"]."""
+    check_name(name)
     deleted, _ = LimitSetting.objects.using(dialect.using).filter(name=name).delete()
     if not deleted:  # a change of a name the settings dropped since can still be undone
         _known(name)
     return bool(deleted)
+
+
+def check_name(name: Any) -> str:
+    """Return `name` if it may name a limit (a LIMITS entry, a pattern, or a resource);
+    else raise InvalidJobError, before anything is read or written."""
+    return validation.check_label("limit name", name, 255, star="end")
 
 
 def _known(name: str) -> None:
@@ -144,6 +151,7 @@ def _known(name: str) -> None:
 
 def reopen(dialect: Dialect, name: str) -> bool:
     """Open resource `name` again at once (after a `RateLimited`); False if it was not closed."""
+    check_name(name)
     closed = Limit.objects.using(dialect.using).filter(name=name, closed_until__isnull=False)
     return bool(closed.update(closed_until=None))
 

@@ -127,10 +127,9 @@ def parse(name: Any, raw: Any) -> Schedule:
     def bad(problem: str) -> ImproperlyConfigured:
         return ImproperlyConfigured(f"JOBQUEUE['SCHEDULES'][{name!r}]: {problem}")
 
-    if not isinstance(name, str) or not 1 <= len(name) <= 200:
-        raise bad("a schedule name must be a string of 1 to 200 characters.")
-    if validation.UNSAFE_CHARS.search(name) or "\x00" in name:
-        raise bad("a schedule name must not contain control characters.")
+    problem = validation.name_problem(name, 200)
+    if problem:
+        raise bad(f"a schedule name (1 to 200 characters, no control characters) {problem}.")
     if not isinstance(raw, dict):
         raise bad("must be a dict.")
     unknown = sorted(set(raw) - KEYS)

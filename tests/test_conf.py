@@ -159,7 +159,7 @@ def test_valid_values(raw: dict[str, Any]) -> None:
         ({"SHUTDOWN_TIMEOUT": 10**400}, "SHUTDOWN_TIMEOUT"),
         ({"RETENTION": {"done": 10**400}}, "RETENTION']['done']"),
         # A group's rate lock row is "group:<name>" in a 255-character column.
-        ({"RATE_LIMITS": {"g" * 201: "1/s"}}, "a group name has 1 to 200"),
+        ({"RATE_LIMITS": {"g" * 201: "1/s"}}, "a group name must be at most 200 characters"),
     ],
     ids=lambda raw: str(raw)[:80],
 )

@@ -30,6 +30,19 @@ class LimitActionForm(forms.Form):
     concurrency = forms.IntegerField(required=False, min_value=1)
     rate = forms.CharField(required=False, max_length=40)
 
+    def clean(self) -> dict[str, Any]:
+        """Refuse a name the action cannot take (a queue, or a limit), as the commands do."""
+        data = super().clean() or {}
+        if "name" in data and "action" in data:
+            try:
+                if data["action"] in ("pause", "resume"):
+                    validation.check_label("queue", data["name"], 100)
+                else:
+                    occupancy.check_name(data["name"])
+            except InvalidJobError as exc:
+                self.add_error("name", str(exc))
+        return data
+
 
 @admin.register(Limit)
 class LimitAdmin(OnePageAdmin):
@@ -67,7 +80,6 @@ class LimitAdmin(OnePageAdmin):
             if data["action"] in ("pause", "resume"):
                 done = _pause_or_resume(data["action"], name)
             elif data["action"] == "set":
-                validation.check_label("limit name", name, 255)
                 if data["concurrency"] is None and not data["rate"]:
                     raise InvalidJobError("give a concurrency, a rate, or both")
                 occupancy.set_limit(
@@ -75,7 +87,6 @@ class LimitAdmin(OnePageAdmin):
                 )
                 done = f"Changed limit {name!r}; running workers apply it within 2 s."
             elif data["action"] == "reset":
-                validation.check_label("limit name", name, 255)
                 changed = occupancy.reset_limit(dialect, name)
                 done = (
                     f"Limit {name!r} is back to its settings."
@@ -83,7 +94,6 @@ class LimitAdmin(OnePageAdmin):
                     else (f"Limit {name!r} was not changed.")
                 )
             else:
-                validation.check_label("limit name", name, 255)
                 reopened = occupancy.reopen(dialect, name)
                 done = f"Reopened {name!r}." if reopened else f"{name!r} was not closed."
         except InvalidJobError as exc:

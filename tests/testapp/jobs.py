@@ -172,6 +172,7 @@ from . import (  # noqa: E402
     connection_jobs,  # noqa: F401 - registers the handlers of the connection tests
     durable_jobs,  # noqa: F401 - registers the durable jobs' handlers
     limit_jobs,  # noqa: F401 - registers the quota limits' handlers
+    name_jobs,  # noqa: F401 - registers the bad names' handlers
     signal_log,  # noqa: F401 - signal receivers, when the environment asks
     testing_jobs,  # noqa: F401 - registers the handlers of the testing helpers' tests
     workflow_jobs,  # noqa: F401 - registers the workflow handlers

@@ -88,6 +88,6 @@ class Command(BaseCommand):
     @staticmethod
     def _name(name: str) -> str:
         try:
-            return validation.check_label("limit name", name, 255)
+            return occupancy.check_name(name)
         except InvalidJobError as exc:
             raise CommandError(str(exc)) from None

@@ -15,7 +15,7 @@ from django.utils import autoreload
 from django_jobqueue import conf
 from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.exceptions import InvalidJobError, UnsupportedDatabaseError
-from django_jobqueue.validation import UNSAFE_CHARS, check_label, finite
+from django_jobqueue.validation import check_label, finite, name_problem
 from django_jobqueue.watchdog import Guard
 from django_jobqueue.worker import JobWorker, WorkerOptions
 
@@ -52,13 +52,11 @@ def _non_negative(text: str) -> float:
 
 
 def _worker_id(text: str) -> str:
-    # Stored in Worker.id and Job.lease_owner, both 255 characters.
-    if not 1 <= len(text) <= 255:
-        raise argparse.ArgumentTypeError("must be 1 to 255 characters")
-    if "\x00" in text:
-        raise argparse.ArgumentTypeError("must not contain a NUL character")
-    if UNSAFE_CHARS.search(text):  # it is printed in logs and by jobqueue_stats
-        raise argparse.ArgumentTypeError("must not contain control characters")
+    # Stored in Worker.id and Job.lease_owner, both 255 characters; printed in logs and by
+    # jobqueue_stats. A byte of argv that is not UTF-8 arrives as a lone surrogate.
+    problem = name_problem(text, 255)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
