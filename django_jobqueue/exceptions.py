@@ -192,6 +192,11 @@ class JobCancelled(JobQueueError):
     """Reserved, never raised: a job cancelled while it ran keeps its attempt's error, if any."""
 
 
+class UnreadableJob(JobQueueError):
+    """A ready job's row holds what no job may (written around enqueue()): a claim set it aside
+    `dead` without running it."""
+
+
 class ResultNotStored(JobQueueError):
     """A handler's result cannot be stored (not JSON, or refused by the database); the job dies."""
 

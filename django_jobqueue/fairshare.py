@@ -24,7 +24,7 @@ from django.db import connections
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
-from . import pausing, quotas
+from . import pausing, quarantine, quotas
 from .dialects.base import read_json
 from .fairplan import Demand, GroupDemand, plan, remaining
 from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, ConcurrencyLimit, Job, JobQuerySet
@@ -55,6 +55,8 @@ HELD_BACK_FOR = 0.25
 # The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
 # that serves one queue) the queue's; never the ready index, which holds every group's.
 ONE_GROUP = (READY_GROUP_INDEX, READY_QUEUE_INDEX)
+# Resource names a worker remembers as checked (`_checked`), before it starts over.
+GOOD_NAMES_KEPT = 100_000
 # Seconds after a claim that found a limit's lock row held by another transaction (and so
 # started nothing it governs) before the worker claims again, for the jobs it held back.
 HELD_RETRY = 0.05
@@ -98,6 +100,12 @@ class FairShare:
         # When (monotonic) to claim again for the jobs the last select() held back because
         # another transaction held a lock row of their limits; None: none was held.
         self._held_retry: float | None = None
+        # Candidates whose `uses` no claim can start ({id: why}), for leases.claim to set
+        # aside; the names of resources found good already (a candidate's check is a lookup).
+        self.bad_rows: dict[int, str] = {}
+        self._good_names: set[str] = set()
+        # The groups the last claim read and how many jobs of each (quarantine.probe).
+        self.last_reads: dict[str, int] = {}
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -387,7 +395,7 @@ class FairShare:
         skip = tuple(self.resources.skipped())  # found without room a moment ago
         counts = {group: (n + 1) * self._overfetch for group, n in slots.items()}
         fetched = {
-            group: [(pk, queue, group_key, read_json(uses)) for pk, queue, group_key, uses in rows]
+            group: self._checked(rows)
             for group, rows in self._read_groups(dialect, ordered, skip, shape, counts).items()
         }
         self.resources.open(dialect, (r[3] for rows in fetched.values() for r in rows))
@@ -420,6 +428,43 @@ class FairShare:
         elif not refused or left >= len(rows):  # none refused, or half the candidates unused
             self._overfetch = max(1, self._overfetch - 1)
         return rows
+
+    def _checked(
+        self, rows: list[tuple[int, str, str, Any]]
+    ) -> list[tuple[int, str, str, dict[str, int] | None]]:
+        """The candidates `rows` with their `uses` read, less those whose `uses` no claim can
+        start (noted in `bad_rows`): their names would reach the database otherwise."""
+        kept = []
+        good = self._good_names
+        for pk, queue, group_key, raw in rows:
+            try:
+                uses = read_json(raw)
+            except ValueError:
+                uses = raw  # not JSON: looked at below
+            if not (
+                uses is None
+                or (
+                    isinstance(uses, dict)
+                    and all(
+                        name in good and type(units) is int and units >= 1
+                        for name, units in uses.items()
+                    )
+                )
+            ):
+                uses, problem = quarantine.bad_uses(raw)
+                if problem:
+                    self.bad_rows[pk] = problem
+                    continue
+                if len(good) > GOOD_NAMES_KEPT:
+                    good.clear()
+                good.update(uses or ())
+            kept.append((pk, queue, group_key, uses))
+        return kept
+
+    def take_bad_rows(self) -> dict[int, str]:
+        """The candidates found with `uses` no claim can start since the last call."""
+        bad, self.bad_rows = self.bad_rows, {}
+        return bad
 
     def _ordered(self, ready: JobQuerySet) -> JobQuerySet:
         """`ready` in the order a claim takes its jobs, built once per ready queryset (a
@@ -459,6 +504,7 @@ class FairShare:
             compiled["query"] = base.values_list("pk", "queue", "group_key", "uses", "priority")
         found: dict[str, list[tuple[int, str, str, Any]]] = {group: [] for group in counts}
         reads = list(counts.items())
+        self.last_reads = dict(counts)
         if not reads:  # nothing planned: no statement
             return found
         rows: list[Any] = []

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import pausing, registry, workflows
+from . import pausing, quarantine, registry, workflows
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, seconds
 from .dialects.functions import DbNow
@@ -170,7 +170,25 @@ def claim(
         fair_share.record_starts(dialect)  # counted after the jobs' started_at was stamped
         return claimed
 
-    return dialect.run_in_transaction(txn)
+    jobs = dialect.run_in_transaction(txn)
+    if fair_share is not None and fair_share.bad_rows:  # candidates no claim can start
+        quarantine.set_aside(dialect, fair_share.take_bad_rows())
+    return jobs
+
+
+def set_aside_unreadable(
+    dialect: Dialect, *, queues: list[str], fair_share: FairShare | None = None
+) -> list[int]:
+    """After a claim failed: set aside the ready jobs it was reading whose rows no claim can
+    read or start (see `quarantine`); return their ids (none: the database was to blame)."""
+    types = registry.allowlist()
+    if not types:
+        return []
+    using = dialect.using
+    paused = fair_share.paused_queues(using) if fair_share else pausing.paused_queues(using)
+    ready = _ready(using, tuple(dict.fromkeys(queues)), types, paused)
+    planned = fair_share.last_reads if fair_share is not None else {}
+    return quarantine.set_aside(dialect, quarantine.probe(dialect, ready, planned))
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,6 +19,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import durable, leases, metrics, wake
 from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
+from ..error_records import log_text
 from ..exceptions import JobTimeout
 from ..fairshare import FairShare
 from .executor import Executor
@@ -231,11 +232,13 @@ class Dispatcher:
                 claimed = self.step(max_jobs)
                 self._db_backoff = 0.0
             except (DatabaseError, InterfaceError) as exc:
-                self._database_trouble(exc)
+                if not self._set_aside_bad_rows(exc):
+                    self._database_trouble(exc)
                 continue
             except Exception as exc:  # one bad row or hook never kills the worker
-                logger.exception("Unexpected error in the dispatcher")
-                self._database_trouble(exc)
+                if not self._set_aside_bad_rows(exc):
+                    logger.exception("Unexpected error in the dispatcher")
+                    self._database_trouble(exc)
                 continue
             if self.stopping:
                 break
@@ -284,6 +287,28 @@ class Dispatcher:
                 )
                 self.submit_outcome(Outcome(flight, error=exc, duration=flight.duration()))
                 self.executor.abandon(flight)
+
+    def _set_aside_bad_rows(self, exc: Exception) -> bool:
+        """After a failed claim: whether rows that no claim can read or start were to blame
+        (then they were set aside `dead`, and the claim goes on at once without a back-off).
+
+        Lock contention is the database's (retried as such); so is any error the rows read
+        one at a time do not meet again.
+        """
+        if self.dialect.is_transient(exc):
+            return False
+        try:
+            found = leases.set_aside_unreadable(
+                self.dialect, queues=self.queues, fair_share=self.fair_share
+            )
+        except Exception:  # the database's trouble after all: back off as for any
+            return False
+        if found:
+            logger.warning(
+                "A claim failed (%s): set %s job(s) aside whose rows no claim can start: %s",
+                log_text(exc), len(found), ", ".join(map(str, found)),
+            )  # fmt: skip
+        return bool(found)
 
     def _database_trouble(self, exc: Exception) -> None:
         self._db_backoff = min(max(self._db_backoff * 2, 0.5), 30.0)
