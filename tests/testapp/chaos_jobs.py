@@ -6,11 +6,15 @@ import os
 import time
 from typing import Any
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 import django_jobqueue as jobqueue
 
 from .models import RunRecord
+
+
+class LostMidJob(Exception):
+    """The server went away after the attempt's first statement, which had succeeded."""
 
 
 @jobqueue.handler("chaos.step", takes_context=True)
@@ -27,6 +31,10 @@ def chaos_step(
     The run record is committed before the outcome, so a worker killed in between leaves the
     record of a run whose outcome was never written: the re-runs the suite counts. Records are
     unique per (job, attempt), so an attempt that ran twice would fail with an IntegrityError.
+
+    A connection error after the first statement is raised as LostMidJob: the server restart
+    suite tolerates it (the attempt had touched the database), but not a connection error
+    of the first statement, which the worker must hand back uncharged.
     """
     started = time.time()
     if sleep:
@@ -40,8 +48,12 @@ def chaos_step(
     )
     if fail:
         raise jobqueue.Fail(f"job {ctx.job_id} fails for good on purpose")
-    if flaky and RunRecord.objects.filter(job_id=ctx.job_id).count() == 1:
-        raise RuntimeError(f"job {ctx.job_id} fails its first run on purpose")
+    try:
+        if flaky and RunRecord.objects.filter(job_id=ctx.job_id).count() == 1:
+            raise RuntimeError(f"job {ctx.job_id} fails its first run on purpose")
+        upstream = ctx.upstream_results
+    except (OperationalError, InterfaceError) as exc:
+        raise LostMidJob(f"after the first statement: {exc}") from exc
     return {
         "n": n,
         "attempt": ctx.attempt,
@@ -49,7 +61,7 @@ def chaos_step(
         # What it saw of each upstream result: the generation and process that produced it.
         "up": {
             str(pk): [value["attempt"], value["pid"]] if isinstance(value, dict) else value
-            for pk, value in ctx.upstream_results.items()
+            for pk, value in upstream.items()
         },
     }
 
