@@ -10,6 +10,7 @@ JOBQUEUE_CHAOS_RESTART=skip skips it deliberately.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -78,14 +79,37 @@ def wait_until_ready(timeout: float = 120.0) -> float:
             time.sleep(0.5)
 
 
-def restart(stop: str, start: str, down_for: float) -> float:
-    """Stop the server, keep it down `down_for` seconds, start it again (always); return how
-    long it was unreachable."""
-    stopped = time.monotonic()
+@dataclasses.dataclass
+class Restart:
+    """When a restart stopped the server (time.time(): worker processes' clock too)."""
+
+    began: float  # the stop command started: statements then running may fail
+    down: float  # the server stopped answering: every connection was closed by then
+    unreachable: float  # seconds it did not answer
+
+
+def wait_until_down(timeout: float = 120.0) -> None:
+    """Connect until the server refuses (a stop command may return before it is gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        connection.close()
+        try:
+            connection.ensure_connection()
+        except (OperationalError, InterfaceError):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server still answers {timeout}s after its stop command")
+
+
+def restart(stop: str, start: str, down_for: float) -> Restart:
+    """Stop the server, keep it down `down_for` seconds, start it again (always)."""
+    began, stopped = time.time(), time.monotonic()
     try:
         subprocess.run(stop, shell=True, check=True, timeout=120, capture_output=True)
+        wait_until_down()
+        down = time.time()
         time.sleep(down_for)
     finally:
         subprocess.run(start, shell=True, check=True, timeout=120, capture_output=True)
         wait_until_ready()
-    return time.monotonic() - stopped
+    return Restart(began, down, time.monotonic() - stopped)

@@ -33,19 +33,24 @@ def chaos_step(
     unique per (job, attempt), so an attempt that ran twice would fail with an IntegrityError.
 
     A connection error after the first statement is raised as LostMidJob: the server restart
-    suite tolerates it (the attempt had touched the database), but not a connection error
-    of the first statement, which the worker must hand back uncharged.
+    soak tolerates it (the attempt had touched the database). One of the first statement is
+    noted with its time (`note_failure`): the soak tolerates it only while the server was
+    going down, when the statement may have been running.
     """
     started = time.time()
     if sleep:
         time.sleep(sleep)
-    RunRecord.objects.create(
-        job_id=ctx.job_id,
-        attempt=ctx.attempt,
-        worker_pid=os.getpid(),
-        started=started,
-        finished=time.time(),
-    )
+    try:
+        RunRecord.objects.create(
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            worker_pid=os.getpid(),
+            started=started,
+            finished=time.time(),
+        )
+    except (OperationalError, InterfaceError):
+        note_failure(ctx.job_id, ctx.attempt)
+        raise
     if fail:
         raise jobqueue.Fail(f"job {ctx.job_id} fails for good on purpose")
     try:
@@ -84,3 +89,12 @@ def cannot_connect_once(ctx: jobqueue.JobContext) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return ctx.attempt
+
+
+def note_failure(job_id: int, attempt: int) -> None:
+    """Append when this attempt's first statement failed to the file named by
+    JOBQUEUE_CHAOS_FAILURES, if any (one short line: appends of workers do not mix)."""
+    path = os.environ.get("JOBQUEUE_CHAOS_FAILURES")
+    if path:
+        with open(path, "a") as out:
+            out.write(f"{job_id} {attempt} {time.time():.3f}\n")
