@@ -7,7 +7,7 @@ from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
-from tests.conftest import WorkerProcess, poll, wait_for_job
+from tests.conftest import HANDED_BACK, WorkerProcess, poll, wait_for_job
 from tests.connection_support import refusable_account
 
 pytestmark = [
@@ -120,10 +120,6 @@ def test_worker_whose_account_the_server_refuses_at_start_exits_with_one_line(tm
     assert len(lines) == 1, lines
     assert lines[0].startswith("CommandError: Cannot connect to database 'default': ")
     assert account.name in lines[0]  # the server's refusal, which names the account
-
-
-# What a worker logs when a job met a connection the server had closed, and was handed back.
-HANDED_BACK = "met a database connection the server had closed"
 
 
 def kill_session(session: int) -> None:

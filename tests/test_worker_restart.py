@@ -15,7 +15,7 @@ from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
-from tests.conftest import poll, wait_for_job
+from tests.conftest import HANDED_BACK, poll, wait_for_job
 from tests.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
@@ -24,9 +24,6 @@ pytestmark = [
     pytest.mark.server_restart,
     pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
 ]
-
-# What a worker logs when a job met a connection the server had closed, and was handed back.
-HANDED_BACK = "met a database connection the server had closed"
 
 
 def restart_while_a_job_waits(start_worker, tmp_path, *, query: bool) -> tuple[Any, Job, Job]:

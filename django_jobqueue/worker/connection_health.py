@@ -12,15 +12,16 @@ told (CONN_HEALTH_CHECKS, at a request's start), and a worker serves no requests
   connections (Django's `is_usable()`) when the epoch moved since they were last known good,
   closing those that fail (`refresh`): the job then connects afresh. A worker without trouble
   pings nothing, so short jobs pay no round trip each;
-- a job whose first statement on the thread's connection fails on a dead connection (the
-  server closed it before the job touched it, so nothing had noticed) is handed back without
-  charging an attempt (`FirstStatement`, `spare`).
+- a job whose first statement would go out on a connection the server had already closed
+  (nothing in the worker had noticed yet) is refused it, and handed back without charging
+  an attempt (`FirstStatement`, `spare`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -94,39 +95,47 @@ def _check_pool(conn: BaseDatabaseWrapper, now: int) -> None:
 
 
 class FirstStatement:
-    """An execute wrapper for one job on the thread's queue connection: was its first
-    statement refused by a connection found dead?
+    """An execute wrapper on a handler thread's queue connection: it refuses a job's first
+    statement if the server had closed the connection before it (`refused`).
 
-    It watches the first statement only and then steps out of the way, so a job pays for it
-    once. A connection error inside a transaction is judged after the job (`spare`): there a
-    ping would fail on any aborted transaction, and Django drops a connection whose rollback
-    failed.
+    The check is a poll of the connection's socket, no round trip: an idle connection has
+    nothing to read unless the server ended it (the end of the stream, its farewell message),
+    and only then does a ping (Django's `is_usable()`) confirm it. A statement sent on a
+    connection that looked alive is never refused, nor its failure spared: the server may
+    have run it (MariaDB commits an INSERT whose reply a shutdown cuts off), and an attempt
+    that ran must count. The wrapper then steps out of the way: a job pays for it once.
     """
 
-    __slots__ = ("_conn", "dead", "failed", "ran", "raw")
+    __slots__ = ("_conn", "ran", "refused", "went_on")
 
     def __init__(self, conn: BaseDatabaseWrapper) -> None:
         self._conn = conn
         self.ran = False  # a statement of the job reached this wrapper
-        self.failed = False  # the first statement failed with a connection error
-        self.dead: bool | None = None  # the connection was then found unusable (None: later)
-        self.raw: Any = conn.connection  # the DB-API connection that statement used
-        conn.execute_wrappers.append(self)
+        self.refused = False  # its first one, on a connection the server had closed
+        self.went_on = False  # a statement after the refused one (the handler caught it)
+
+    def watch(self) -> None:
+        """Watch the next job's first statement (a thread reuses one wrapper: no allocation)."""
+        self.ran = self.refused = self.went_on = False
+        self._conn.execute_wrappers.append(self)
 
     def __call__(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
     ) -> Any:
-        self.ran = True
-        self.detach()
         conn = self._conn
-        self.raw = conn.connection
-        try:
-            return execute(sql, params, many, context)
-        except CONNECTION_ERRORS:
-            self.failed = True
-            if not conn.in_atomic_block:
-                self.dead = conn.connection is None or not conn.is_usable()
-            raise
+        if self.ran:
+            self.went_on = True
+        else:
+            self.ran = True
+            if closed_by_server(conn.connection) and not conn.is_usable():
+                self.refused = True  # keep watching: does the job go on regardless?
+                if not conn.in_atomic_block:
+                    self.reset()  # a handler that catches it and goes on connects afresh
+                raise OperationalError(
+                    "the server had closed this connection before the job's first statement"
+                )
+        self.detach()
+        return execute(sql, params, many, context)
 
     def detach(self) -> None:
         """Stop watching (idempotent)."""
@@ -143,16 +152,36 @@ class FirstStatement:
         bump()
 
 
-def spare(probe: FirstStatement, error: BaseException | None) -> bool:
-    """Whether a failed attempt met a dead connection before touching the database: its first
-    statement (or, with none sent, its first use of the connection, as MySQL's autocommit
-    switch at a transaction's start) failed with a connection error, and the connection
-    is found unusable. The caller resets the connection."""
-    if not isinstance(error, CONNECTION_ERRORS) or (probe.ran and not probe.failed):
+def closed_by_server(raw: Any) -> bool:
+    """Whether the server ended this idle DB-API connection: its socket has something to read
+    with no statement pending. A poll of the socket (SQLite has none: never)."""
+    try:
+        fd = raw.fileno()
+    except AttributeError:
         return False
+    except Exception:  # the driver knows it closed (psycopg raises, as MySQLdb does)
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def spare(probe: FirstStatement, error: BaseException | None) -> bool:
+    """Whether a failed attempt never touched the database for a connection the server had
+    closed: its first statement was refused (and none went on), or, none sent, it failed
+    with a connection error on a connection found unusable (MySQL switches autocommit off
+    at a transaction's start, before any statement). The caller resets the connection."""
+    if error is None:
+        return False
+    if probe.refused:
+        return not probe.went_on
     conn = probe._conn
-    if probe.dead is not None:
-        return probe.dead
-    if probe.ran and conn.connection is not probe.raw:
-        return True  # Django dropped it: a rollback failed on it
-    return conn.connection is not None and not conn.in_atomic_block and not conn.is_usable()
+    return (
+        not probe.ran
+        and isinstance(error, CONNECTION_ERRORS)
+        and conn.connection is not None
+        and not conn.in_atomic_block
+        and not conn.is_usable()
+    )

@@ -115,7 +115,8 @@ class Executor:
         conn = connections[self._alias] if self._alias is not None else None
         if conn is not None and self._return_after_queries:
             connection_pool.return_after_queries(conn.alias)  # patches `conn` itself
-        watched = conn  # whose first statement in a job tells whether it met a dead connection
+        # Watches a job's first statement on the queue connection: was it closed before it?
+        probe = connection_health.FirstStatement(conn) if conn is not None else None
         if conn is not None and connection_pool.pooled(conn):
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:
@@ -131,7 +132,8 @@ class Executor:
                     self._finished()
                     continue
                 outcome = None
-                probe = connection_health.FirstStatement(watched) if watched else None
+                if probe is not None:
+                    probe.watch()
                 try:
                     outcome = self._run(flight)
                 except BaseException:  # a pool thread never dies of one job: nobody would

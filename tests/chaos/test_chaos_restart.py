@@ -32,6 +32,7 @@ from tests.chaos.support import (
     seeded_random,
     unfinished,
 )
+from tests.conftest import HANDED_BACK
 from tests.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
@@ -55,8 +56,6 @@ OUTAGE = ("Database error in the worker loop", "Could not record", "Lost the lea
 HANDLER_OUTAGE = ("django.db.utils.OperationalError", "django.db.utils.InterfaceError")
 IN_FLIGHT_MARGIN = 0.5  # seconds after the server stopped answering, for the news to arrive
 MID_JOB = ("tests.testapp.chaos_jobs.LostMidJob",)
-# What a worker logs for a job handed back uncharged after meeting a closed connection.
-HANDED_BACK = "met a database connection the server had closed"
 DOWN_FOR = 6.0  # seconds; longer than a lease TTL: the completer and heartbeat ride it out
 IDLERS = 4  # jobs that hold a thread through each restart
 WORKER_ARGS = (
