@@ -160,7 +160,27 @@ def test_thread_checks_its_connection_before_a_job_after_the_worker_met_trouble(
     the worker's own loop meets the error. The thread's next job queries: its connection was
     checked before it (a ping, as the worker saw trouble), so it runs on a new one without
     failing, and without being handed back."""
-    worker = start_worker("--concurrency", "1")
+    run_after_every_connection_is_cut(start_worker, tmp_path)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
+)
+def test_pool_replaces_its_idle_connections_after_the_worker_met_trouble(start_worker, tmp_path):
+    """The same with Django's connection pool: the thread holds no connection between jobs,
+    and the pool's idle one is cut too. The first thread to see the trouble has the pool check
+    its idle connections, so the next job borrows a live one and is not handed back."""
+    run_after_every_connection_is_cut(
+        start_worker,
+        tmp_path,
+        JOBQUEUE_TEST_DB_POOL='{"min_size": 1, "max_size": 2, "timeout": 60}',
+    )
+
+
+def run_after_every_connection_is_cut(start_worker, tmp_path, **env: str) -> None:
+    """Cut the worker's connections while a job waits; the next job must run once, on a new
+    connection, after no hand-back (the check before it did the work)."""
+    worker = start_worker("--concurrency", "1", env=env)
     worker.wait_registered()
     first = wait_for_job(jobqueue.enqueue("conn.session").pk, Job.State.DONE, Job.State.DEAD)
     marker = tmp_path / "go"
