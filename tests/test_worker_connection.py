@@ -157,7 +157,7 @@ def test_thread_checks_its_connection_before_a_job_after_the_worker_met_trouble(
     start_worker, tmp_path
 ):
     """Every connection of the worker is cut while a job waits without touching the database;
-    the worker's own loop meets the error. The thread's next job queries: its connection was
+    the worker's duties meet the error. The thread's next job queries: its connection was
     checked before it (a ping, as the worker saw trouble), so it runs on a new one without
     failing, and without being handed back."""
     run_after_every_connection_is_cut(start_worker, tmp_path)
@@ -188,7 +188,8 @@ def run_after_every_connection_is_cut(start_worker, tmp_path, **env: str) -> Non
     poll(lambda: Job.objects.get(pk=idle.pk).state == Job.State.RUNNING, timeout=30)
     cut_other_sessions(expected=3)  # the loop's, the heartbeat's, the thread's, ...
     poll(lambda: first.result not in other_sessions(), timeout=30)
-    poll(lambda: "Database error in the worker loop" in worker.output(), timeout=30)
+    # A duty met it (the promoter, every 50 ms): the worker knows of trouble.
+    poll(lambda: "Worker duty promoter failed" in worker.output(), timeout=30)
     after = jobqueue.enqueue("conn.session")
     marker.touch()
     done = wait_for_job(after.pk, Job.State.DONE, Job.State.DEAD, timeout=60)
