@@ -128,9 +128,9 @@ class FirstStatement:
         else:
             self.ran = True
             if closed_by_server(conn.connection) and not conn.is_usable():
-                self.refused = True  # keep watching: does the job go on regardless?
-                if not conn.in_atomic_block:
-                    self.reset()  # a handler that catches it and goes on connects afresh
+                # Kept open (the executor resets it after the job) and still watched: a
+                # handler that catches this and goes on has touched the database after all.
+                self.refused = True
                 raise OperationalError(
                     "the server had closed this connection before the job's first statement"
                 )
