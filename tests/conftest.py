@@ -119,6 +119,10 @@ TROUBLE = (
 # several beats); a loaded machine makes it common. Only lock contention says "gave up after".
 SKIPPED_BEAT = "Worker duty heartbeat failed (gave up after "
 
+# What a worker logs when jobs met a connection the server had closed before they touched the
+# database, and were handed back uncharged (issue 46).
+HANDED_BACK = "met a database connection the server had closed"
+
 
 def assert_clean_log(text: str, *, allow: tuple[str, ...] = ()) -> None:
     """Fail if a worker log shows database trouble, a lost lease or an uncaught exception."""

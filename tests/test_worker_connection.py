@@ -7,7 +7,7 @@ from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
-from tests.conftest import WorkerProcess, poll, wait_for_job
+from tests.conftest import HANDED_BACK, WorkerProcess, poll, wait_for_job
 from tests.connection_support import refusable_account
 
 pytestmark = [
@@ -120,3 +120,83 @@ def test_worker_whose_account_the_server_refuses_at_start_exits_with_one_line(tm
     assert len(lines) == 1, lines
     assert lines[0].startswith("CommandError: Cannot connect to database 'default': ")
     assert account.name in lines[0]  # the server's refusal, which names the account
+
+
+def kill_session(session: int) -> None:
+    """End one server session (the handler thread's, whose id a job reported)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+        else:
+            cursor.execute(f"KILL CONNECTION {int(session)}")
+    poll(lambda: session not in other_sessions(), timeout=30)
+
+
+def test_job_whose_connection_was_cut_before_its_first_query_is_not_charged(start_worker, tmp_path):
+    """The server ends the handler thread's connection while a job waits without touching
+    the database; nothing else in the worker notices. The job's first query fails on it: the
+    attempt is handed back uncharged and runs again on a new connection (issue 46)."""
+    worker = start_worker("--concurrency", "1")
+    worker.wait_registered()
+    first = wait_for_job(jobqueue.enqueue("conn.session").pk, Job.State.DONE, Job.State.DEAD)
+    marker = tmp_path / "go"
+    job = jobqueue.enqueue("conn.after_file", {"path": str(marker), "query": True})
+    poll(lambda: Job.objects.get(pk=job.pk).state == Job.State.RUNNING, timeout=30)
+    kill_session(first.result)  # the thread's, opened before the job and kept through it
+    marker.touch()
+    done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=60)
+    assert done.state == Job.State.DONE, done.last_error
+    assert done.attempts == 1
+    assert done.errors == []
+    assert done.result != first.result  # a new session
+    assert worker.output().count(HANDED_BACK) == 1, worker.output()[-3000:]
+    assert worker.stop() == 0
+
+
+def test_thread_checks_its_connection_before_a_job_after_the_worker_met_trouble(
+    start_worker, tmp_path
+):
+    """Every connection of the worker is cut while a job waits without touching the database;
+    the worker's duties meet the error. The thread's next job queries: its connection was
+    checked before it (a ping, as the worker saw trouble), so it runs on a new one without
+    failing, and without being handed back."""
+    run_after_every_connection_is_cut(start_worker, tmp_path)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
+)
+def test_pool_replaces_its_idle_connections_after_the_worker_met_trouble(start_worker, tmp_path):
+    """The same with Django's connection pool: the thread holds no connection between jobs,
+    and the pool's idle one is cut too. The first thread to see the trouble has the pool check
+    its idle connections, so the next job borrows a live one and is not handed back."""
+    run_after_every_connection_is_cut(
+        start_worker,
+        tmp_path,
+        JOBQUEUE_TEST_DB_POOL='{"min_size": 1, "max_size": 2, "timeout": 60}',
+    )
+
+
+def run_after_every_connection_is_cut(start_worker, tmp_path, **env: str) -> None:
+    """Cut the worker's connections while a job waits; the next job must run once, on a new
+    connection, after no hand-back (the check before it did the work)."""
+    worker = start_worker("--concurrency", "1", env=env)
+    worker.wait_registered()
+    first = wait_for_job(jobqueue.enqueue("conn.session").pk, Job.State.DONE, Job.State.DEAD)
+    marker = tmp_path / "go"
+    idle = jobqueue.enqueue("conn.after_file", {"path": str(marker)})
+    poll(lambda: Job.objects.get(pk=idle.pk).state == Job.State.RUNNING, timeout=30)
+    failed = worker.output().count("Worker duty ")
+    cut_other_sessions(expected=3)  # the loop's, the heartbeat's, the thread's, ...
+    poll(lambda: first.result not in other_sessions(), timeout=30)
+    # A duty met it (the housekeeper's promoter runs every 50 ms): the worker knows of trouble.
+    poll(lambda: worker.output().count("Worker duty ") > failed, timeout=30)
+    after = jobqueue.enqueue("conn.session")
+    marker.touch()
+    done = wait_for_job(after.pk, Job.State.DONE, Job.State.DEAD, timeout=60)
+    assert done.state == Job.State.DONE, done.last_error
+    assert (done.attempts, done.errors) == (1, [])
+    assert done.result != first.result
+    assert wait_for_job(idle.pk, Job.State.DONE, Job.State.DEAD).state == Job.State.DONE
+    assert HANDED_BACK not in worker.output()
+    assert worker.stop() == 0

@@ -355,11 +355,11 @@ class JobWorker:
         if self.dispatcher is not None:
             self.dispatcher.stopping = True
 
-    def _hand_back(self, flight: InFlight, exc: BaseException) -> None:
+    def _hand_back(self, flight: InFlight, exc: BaseException, *, closed: bool = False) -> None:
         # The executor exists before the dispatcher, which releases what is handed back.
         dispatcher = self.dispatcher
         if dispatcher is not None:
-            dispatcher.hand_back(flight, exc)
+            dispatcher.hand_back(flight, exc, closed=closed)
 
     def _on_idle(self, load: int) -> None:
         # Only when the load falls to the dispatcher's low-water mark: waking it for every

@@ -26,6 +26,7 @@ from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..error_records import log_text
 from ..exceptions import RateLimited, Suspend
+from . import connection_health
 from .duty import Duty
 from .flights import Flights
 
@@ -117,6 +118,7 @@ class Completer(Duty):
                     "Could not record %s outcome(s) yet (%s); retrying in %.2fs",
                     len(self._pending), log_text(exc), delay,
                 )  # fmt: skip
+                connection_health.note(exc, self.dialect)
                 self.dialect.connection.close()
                 time.sleep(delay)
                 continue

@@ -22,6 +22,7 @@ from ..dialects import Dialect
 from ..error_records import log_text
 from ..exceptions import JobTimeout
 from ..fairshare import FairShare
+from . import connection_health
 from .executor import Executor
 from .flights import Flights
 
@@ -83,7 +84,7 @@ class Dispatcher:
         self.too_many_hung = False
         self._idle_wait = FIRST_IDLE_POLL
         self._db_backoff = 0.0
-        self._handed_back: list[tuple[InFlight, BaseException]] = []
+        self._handed_back: list[tuple[InFlight, BaseException, bool]] = []
         self._handed_back_lock = threading.Lock()
         self._paused_until = 0.0
         # Whether the last step claimed less than it had room for because too many attempts
@@ -180,10 +181,12 @@ class Dispatcher:
 
     # -- attempts whose handler thread could not connect ---------------------------------------
 
-    def hand_back(self, flight: InFlight, exc: BaseException) -> None:
-        """Take back an attempt that never started for want of a connection (any thread)."""
+    def hand_back(self, flight: InFlight, exc: BaseException, *, closed: bool = False) -> None:
+        """Take back an attempt that never started for want of a connection, or (`closed`)
+        whose handler met a connection the server had closed before it touched it (any
+        thread)."""
         with self._handed_back_lock:
-            self._handed_back.append((flight, exc))
+            self._handed_back.append((flight, exc, closed))
         wake.wake_up()
 
     def paused(self) -> bool:
@@ -191,7 +194,8 @@ class Dispatcher:
         return time.monotonic() < self._paused_until
 
     def release_handed_back(self) -> None:
-        """Release the handed-back attempts uncharged (this connection works) and pause claims.
+        """Release the handed-back attempts uncharged (this connection works); pause claims if
+        handler threads could not connect.
 
         The heartbeat keeps their leases until then; a database error leaves them for the
         next step.
@@ -200,19 +204,30 @@ class Dispatcher:
             taken = list(self._handed_back)
         if not taken:
             return
-        leases.release(self.dialect, [flight.lease for flight, _ in taken])
+        leases.release(self.dialect, [flight.lease for flight, _, _ in taken])
         with self._handed_back_lock:
             del self._handed_back[: len(taken)]
-        for flight, _ in taken:
+        for flight, _, _ in taken:
             self.flights.remove(flight)
             flight.recorded = True
+        closed = [(f, exc) for f, exc, was_closed in taken if was_closed]
+        if closed:
+            # The server is (most likely) back: the threads reconnected, no pause is needed.
+            logger.warning(
+                "%s job(s) met a database connection the server had closed (%s), before "
+                "touching the database: handed back without charging an attempt (%s)",
+                len(closed), closed[-1][1], ", ".join(str(f.job.pk) for f, _ in closed),
+            )  # fmt: skip
+        refused = [(f, exc) for f, exc, was_closed in taken if not was_closed]
+        if not refused:
+            return
         failures = max(1, self.executor.connect_failures)
         pause = min(NO_CONNECTION_PAUSE * 2 ** (failures - 1), NO_CONNECTION_PAUSE_MAX)
         self._paused_until = time.monotonic() + pause
         logger.warning(
             "A handler thread could not connect to the database (%s): handed %s job(s) back "
             "without charging an attempt (%s); claiming again in %.1fs",
-            taken[-1][1], len(taken), ", ".join(str(f.job.pk) for f, _ in taken), pause,
+            refused[-1][1], len(refused), ", ".join(str(f.job.pk) for f, _ in refused), pause,
         )  # fmt: skip
 
     def run(self, *, burst: bool, max_jobs: int | None, pending: Callable[[], bool]) -> None:
@@ -311,6 +326,7 @@ class Dispatcher:
         return bool(found)
 
     def _database_trouble(self, exc: Exception) -> None:
+        connection_health.note(exc, self.dialect)
         self._db_backoff = min(max(self._db_backoff * 2, 0.5), 30.0)
         logger.warning(
             "Database error in the worker loop (%s); retrying in %.1fs", exc, self._db_backoff

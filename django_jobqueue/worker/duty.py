@@ -9,7 +9,7 @@ import time
 from django.db import DatabaseError, InterfaceError, connections
 
 from ..dialects import Dialect
-from . import connection_pool
+from . import connection_health, connection_pool
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Duty(threading.Thread):
                 level, "Worker duty %s failed (%s); retrying in %.1fs",
                 self.duty_name(), exc, delay, exc_info=trace,
             )  # fmt: skip
+            connection_health.note(exc, self.dialect)
             self.dialect.connection.close()
             self.on_error(exc)
         return self.interval if delay is None else delay

@@ -12,6 +12,11 @@ that raises, say) is logged and the job runs: its handler's first query meets th
 and fails the attempt as usual, so the thread lives on and the job is never left claimed with
 nobody running it. A thread left without work for IDLE_CLOSE seconds closes its
 connections, so that an idle worker holds only its duties' connections.
+
+A database restart closes the connections of threads busy or waiting meanwhile: a thread
+pings its connections before a job once the worker met database trouble, and an attempt
+whose first statement met a connection the server had closed is handed back uncharged
+(`connection_health`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..attempts import InFlight, Outcome
-from . import connection_pool
+from . import connection_health, connection_pool
 from .eventloop import EventLoop
 
 if TYPE_CHECKING:
@@ -61,7 +66,7 @@ class Executor:
         on_outcome: Callable[[Outcome], None],
         on_idle: Callable[[int], None],
         alias: str | None = None,
-        on_no_connection: Callable[[InFlight, BaseException], None] | None = None,
+        on_no_connection: Callable[..., None] | None = None,
         start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
         is_async: Callable[[InFlight], bool] | None = None,
         sync_calls: SyncCallThreads | None = None,
@@ -79,12 +84,16 @@ class Executor:
         self._on_outcome = on_outcome
         self._on_idle = on_idle  # called with the new load after each attempt
         # The queue database, connected to before each handler; a flight whose connection
-        # cannot be opened goes to `on_no_connection` (settled), not to the handler.
+        # cannot be opened goes to `on_no_connection` (settled), not to the handler, and so
+        # does one whose handler met a connection the server had closed (`closed=True`).
         self._alias = alias
         # POOL_RETURN = "query": a pooled connection goes back after each query, not each job.
         self._return_after_queries = return_after_queries
         self._on_no_connection = on_no_connection
         self.connect_failures = 0  # attempts handed back in a row for want of a connection
+        # (job id, attempt) of the attempts handed back for a closed connection: each once per
+        # process, so a handler that idles past the server's idle timeout is charged in time.
+        self._spared: set[tuple[int, int]] = set()
         self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -106,6 +115,8 @@ class Executor:
         conn = connections[self._alias] if self._alias is not None else None
         if conn is not None and self._return_after_queries:
             connection_pool.return_after_queries(conn.alias)  # patches `conn` itself
+        # Watches a job's first statement on the queue connection: was it closed before it?
+        probe = connection_health.FirstStatement(conn) if conn is not None else None
         if conn is not None and connection_pool.pooled(conn):
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:
@@ -113,6 +124,7 @@ class Executor:
                 flight = self._next()
                 if flight is None:
                     return
+                connection_health.refresh(self._aliases)  # pings only after database trouble
                 if self._is_async is not None and self._is_async(flight):
                     self._start_on_loop(flight)
                     continue
@@ -120,10 +132,16 @@ class Executor:
                     self._finished()
                     continue
                 outcome = None
+                if probe is not None:
+                    probe.watch()
                 try:
                     outcome = self._run(flight)
                 except BaseException:  # a pool thread never dies of one job: nobody would
                     logger.exception("Unexpected error running job id=%s", flight.job.pk)
+                if probe is not None:
+                    probe.detach()
+                    if outcome is not None and self._met_closed_connection(outcome, probe):
+                        outcome = None  # handed back, uncharged
                 try:
                     tidy_connections(self._aliases)
                 except Exception:  # nor of tidying up after one (its outcome is pending)
@@ -234,6 +252,28 @@ class Executor:
             return True
         raise AssertionError("unreachable")
 
+    def _met_closed_connection(
+        self, outcome: Outcome, probe: connection_health.FirstStatement
+    ) -> bool:
+        """Hand back, uncharged, an attempt that met a connection the server had closed
+        before the job touched it (once per attempt in this process); reset the connection."""
+        flight = outcome.flight
+        if outcome.error is None or self._on_no_connection is None:
+            return False
+        key = (flight.job.pk, flight.lease.attempt)
+        try:
+            if key in self._spared or not connection_health.spare(probe, outcome.error):
+                return False
+            probe.reset()
+        except Exception:  # judging it must not cost the outcome: record it as it is
+            logger.exception("Could not check the connection of job id=%s", flight.job.pk)
+            return False
+        if len(self._spared) >= 10_000:
+            self._spared.clear()
+        self._spared.add(key)
+        self._on_no_connection(flight, outcome.error, closed=True)
+        return True
+
     def _observe(self, duration: float) -> None:
         ewma = self.ewma_duration
         self.ewma_duration = duration if ewma is None else ewma + 0.1 * (duration - ewma)
@@ -315,7 +355,8 @@ class Executor:
 def tidy_connections(aliases: list[str]) -> None:
     """Drop this thread's connections that a handler left broken (the server went away,
     say), so that the next job on this thread connects afresh instead of failing too; give
-    pooled ones back to their pool."""
+    pooled ones back to their pool, checked first if the worker met trouble meanwhile."""
+    connection_health.refresh(aliases)
     connection_pool.give_back(aliases)
     for alias in aliases:
         conn = connections[alias]
@@ -325,4 +366,5 @@ def tidy_connections(aliases: list[str]) -> None:
             # job `running` under a live worker for good.
             if conn.connection is None or not conn.is_usable():
                 conn.close()
+                connection_health.bump()
             conn.errors_occurred = False

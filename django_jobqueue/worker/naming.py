@@ -64,11 +64,17 @@ def install(worker_id: str, *, role: str | None = None) -> Callable[[], None]:
         with lock:
             if raw is not None and named.get(raw) == text:
                 return
+        # The name is the worker's statement, not one of the job whose query opened the
+        # connection (a pooled one): execute wrappers, a handler's or the worker's check of a
+        # job's first statement (connection_health), do not see it.
+        wrappers, connection.execute_wrappers = connection.execute_wrappers, []
         try:
             dialect.name_session(text)
         except DatabaseError:  # a name is never worth a failed connection
             logger.debug("Could not name a connection of %s", connection.alias, exc_info=True)
             return
+        finally:
+            connection.execute_wrappers = wrappers
         if raw is not None:
             with lock:
                 named[raw] = text

@@ -9,7 +9,9 @@ calls then stay on one thread, in order, as a request's do, and the worker's asy
 holds at most `size` connections whatever `--concurrency` is.
 
 A thread whose jobs all ended closes its connections after IDLE_CLOSE seconds without a new
-one, as a handler thread does.
+one, as a handler thread does; and, as a handler thread does before a job, a thread checks
+its connections before an attempt's calls when the worker met database trouble since it last
+did (`connection_health.refresh`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from asgiref.sync import ThreadSensitiveContext
 from django.db import connections
 
+from . import connection_health
 from .executor import IDLE_CLOSE, tidy_connections
 
 
@@ -37,6 +40,7 @@ class SyncCallThreads:
         ]
         self._load = [0] * size  # attempts bound to each, running now
         self._ended = [0] * size  # attempts ended on each: an idle close checks it moved not
+        self._checked = [-1] * size  # connection_health.epoch() each last checked at
         self._lock = threading.Lock()
         self._aliases = list(connections)
 
@@ -46,6 +50,10 @@ class SyncCallThreads:
             index = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[index] += 1
         executor = self._executors[index]
+        epoch = connection_health.epoch()
+        if self._checked[index] != epoch:  # before the attempt's calls (one thread, in order)
+            self._checked[index] = epoch
+            executor.submit(connection_health.refresh, self._aliases)
         try:
             async with ThreadSensitiveContext(executor=executor):
                 return await coro

@@ -126,10 +126,15 @@ class Supervisor:
     """Keeps `size` worker processes running; `kill_one()` SIGKILLs one and starts another."""
 
     def __init__(
-        self, start_worker: Callable[..., WorkerProcess], size: int, args: tuple[str, ...]
+        self,
+        start_worker: Callable[..., WorkerProcess],
+        size: int,
+        args: tuple[str, ...],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.start_worker = start_worker
         self.args = args
+        self.env = env or {}
         self.workers = [self.start() for _ in range(size)]
         self.kills = 0
         self.restarts = 0
@@ -147,7 +152,7 @@ class Supervisor:
 
     def start(self) -> WorkerProcess:
         # SIGABRT makes a worker print every thread's stack (see stop_all).
-        return self.start_worker(*self.args, env={"PYTHONFAULTHANDLER": "1"})
+        return self.start_worker(*self.args, env={"PYTHONFAULTHANDLER": "1", **self.env})
 
     def assert_healthy(self) -> None:
         """Fail at once if a worker exited unbidden or lost a thread to an exception."""

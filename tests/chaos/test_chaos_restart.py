@@ -1,23 +1,26 @@
-"""The database server restarted while workers drain jobs: they reconnect with backoff, and
-nothing is lost (PostgreSQL and MariaDB/MySQL).
+"""The database server restarted while workers drain jobs: they reconnect with backoff, nothing
+is lost, and no attempt is charged to a connection the restart closed (PostgreSQL and
+MariaDB/MySQL).
 
-The server is stopped and started with shell commands: JOBQUEUE_CHAOS_PG_STOP and
-JOBQUEUE_CHAOS_PG_START, JOBQUEUE_CHAOS_MYSQL_STOP and JOBQUEUE_CHAOS_MYSQL_START. Without them,
-under CI=true only, the commands of the project's machines (../shared/SERVICES.md) restart
-the server on 127.0.0.1 at the default port, where nothing else runs meanwhile. Elsewhere the
-test is skipped without them (other sessions may share the server), and fails under CI=true;
-JOBQUEUE_CHAOS_RESTART=skip skips it deliberately.
+Before each restart a few jobs take threads and wait through it without touching the database
+(as long jobs do): afterwards, their threads' next jobs must find their connections checked,
+and those of them that then query must be handed back uncharged. The server is restarted with
+the commands of `tests/restart_support.py`. JOBQUEUE_CHAOS_RESTARTS sets the number of restarts
+(2: at 20% and 50% done, spread over 20% to 80% when more), and JOBQUEUE_CHAOS_RESTART_EVERY
+("60-90") restarts every 60 to 90 seconds instead, for a longer soak (size it with
+JOBQUEUE_CHAOS_RESTART_JOBS).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
-from django.db import InterfaceError, OperationalError, connection
+from django.db import connection
 
+import django_jobqueue as jobqueue
+from django_jobqueue.models import Job
 from tests.chaos.support import (
     Supervisor,
     audit,
@@ -29,6 +32,8 @@ from tests.chaos.support import (
     seeded_random,
     unfinished,
 )
+from tests.conftest import HANDED_BACK
+from tests.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -38,29 +43,21 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
 ]
 
-CLUSTER = "$(ls /etc/postgresql | head -1) main"
-DEFAULTS = {
-    "postgresql": (
-        "PG",
-        5432,
-        f"pg_ctlcluster --skip-systemctl-redirect {CLUSTER} stop -m fast",
-        f"pg_ctlcluster --skip-systemctl-redirect {CLUSTER} start",
-    ),
-    "mysql": (
-        "MYSQL",
-        3306,
-        "mariadb-admin -h 127.0.0.1 -P 3306 -uroot shutdown",
-        # Wait for the old process to be gone: --oknodo would take it for a running server.
-        "for _ in $(seq 300); do pgrep -x mariadbd >/dev/null || break; sleep 0.2; done; "
-        "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
-    ),
-}
 # What a worker logs while its server is away: retried, never fatal. "Lost the lease" also
 # shows when the server went away during the COMMIT of an outcome: the commit took, the
 # acknowledgement was lost, and the retried write finds the job finished already (the audit
 # proves the outcome is that attempt's).
 OUTAGE = ("Database error in the worker loop", "Could not record", "Lost the lease")
+# A connection error charged to an attempt. The workload's handler raises the errors of its
+# later statements as LostMidJob (it had touched the database): only its first statement
+# fails with these. While the server goes down the statement may be running (the server may
+# even commit it), and that attempt counts; sent on a connection the restart had closed, it
+# must never be charged. The handler notes when it failed (JOBQUEUE_CHAOS_FAILURES).
 HANDLER_OUTAGE = ("django.db.utils.OperationalError", "django.db.utils.InterfaceError")
+IN_FLIGHT_MARGIN = 0.5  # seconds after the server stopped answering, for the news to arrive
+MID_JOB = ("tests.testapp.chaos_jobs.LostMidJob",)
+DOWN_FOR = 6.0  # seconds; longer than a lease TTL: the completer and heartbeat ride it out
+IDLERS = 4  # jobs that hold a thread through each restart
 WORKER_ARGS = (
     "--concurrency",
     "4",
@@ -73,62 +70,7 @@ WORKER_ARGS = (
 )
 
 
-def restart_commands() -> tuple[str, str]:
-    """The (stop, start) shell commands for the server of the test database."""
-    if os.environ.get("JOBQUEUE_CHAOS_RESTART") == "skip":
-        pytest.skip("JOBQUEUE_CHAOS_RESTART=skip")
-    name, port, stop, start = DEFAULTS[connection.vendor]
-    given = (
-        os.environ.get(f"JOBQUEUE_CHAOS_{name}_STOP"),
-        os.environ.get(f"JOBQUEUE_CHAOS_{name}_START"),
-    )
-    if given[0] and given[1]:
-        return given[0], given[1]
-    settings = connection.settings_dict
-    where = f"{settings['HOST']}:{settings['PORT'] or port}"
-    ci = os.environ.get("CI") == "true"
-    default = settings["HOST"] in ("127.0.0.1", "localhost") and where.endswith(f":{port}")
-    if ci and default:
-        return stop, start  # CI's own services, which nothing else uses meanwhile
-    reason = (
-        f"restarting the server at {where} needs JOBQUEUE_CHAOS_{name}_STOP and "
-        f"JOBQUEUE_CHAOS_{name}_START (CI=true restarts the default services on loopback)"
-    )
-    if ci:
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def wait_until_ready(timeout: float = 120.0) -> float:
-    """Reconnect until the server answers; return the seconds it took."""
-    started = time.monotonic()
-    while True:
-        connection.close()
-        try:
-            connection.ensure_connection()
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            return time.monotonic() - started
-        except (OperationalError, InterfaceError):
-            if time.monotonic() - started > timeout:
-                raise
-            time.sleep(0.5)
-
-
-def restart(stop: str, start: str, down_for: float) -> float:
-    """Stop the server, keep it down `down_for` seconds, start it again (always); return how
-    long it was unreachable."""
-    stopped = time.monotonic()
-    try:
-        subprocess.run(stop, shell=True, check=True, timeout=120, capture_output=True)
-        time.sleep(down_for)
-    finally:
-        subprocess.run(start, shell=True, check=True, timeout=120, capture_output=True)
-        wait_until_ready()
-    return time.monotonic() - stopped
-
-
-def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
+def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report, tmp_path):
     stop, start = restart_commands()
     wait_until_ready()
     rnd, seed = seeded_random()
@@ -137,29 +79,61 @@ def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
     )
     ids = work.ids
     started = time.monotonic()
-    supervisor = Supervisor(start_worker, 3, WORKER_ARGS)
-    restarts, outage = 0, 0.0
+    failures = tmp_path / "first-statement-failures.txt"
+    supervisor = Supervisor(
+        start_worker, 3, WORKER_ARGS, env={"JOBQUEUE_CHAOS_FAILURES": str(failures)}
+    )
+    restarts, outage, idlers = env_int("JOBQUEUE_CHAOS_RESTARTS", 2), 0.0, []
+    stops: list[tuple[float, float]] = []  # when each stop began, and when it was down
+    every = os.environ.get("JOBQUEUE_CHAOS_RESTART_EVERY")
     try:
-        for share in (0.8, 0.5):  # restart at 20% and at 50% done
-            deadline = time.monotonic() + 180
-            while unfinished(ids) > len(ids) * share:
-                assert time.monotonic() < deadline, describe_unfinished(ids)
-                supervisor.assert_healthy()
-                time.sleep(0.2)
-            # Longer than a lease TTL: the completer and the heartbeat must ride it out.
-            outage += restart(stop, start, down_for=6.0)
-            restarts += 1
+        for number in range(restarts):
+            if every:
+                low, high = (float(bound) for bound in every.split("-"))
+                until = time.monotonic() + rnd.uniform(low, high)
+                while time.monotonic() < until:
+                    supervisor.assert_healthy()
+                    time.sleep(0.5)
+            else:
+                share = 0.8 - 0.6 * number / max(restarts, 2)  # 2: at 20% and at 50% done
+                deadline = time.monotonic() + 180
+                while unfinished(ids) > len(ids) * share:
+                    assert time.monotonic() < deadline, describe_unfinished(ids)
+                    supervisor.assert_healthy()
+                    time.sleep(0.2)
+            marker = tmp_path / f"restarted-{number}"
+            idlers += hold_threads(marker)
+            done = restart(stop, start, down_for=DOWN_FOR)
+            stops.append((done.began, done.down + IN_FLIGHT_MARGIN))
+            outage += done.unreachable
+            marker.touch()
         deadline = time.monotonic() + 180
-        while retrying(lambda: unfinished(ids)):
-            assert time.monotonic() < deadline, describe_unfinished(ids)
+        while retrying(lambda: unfinished(ids + idlers)):
+            assert time.monotonic() < deadline, describe_unfinished(ids + idlers)
             supervisor.assert_healthy()
             time.sleep(0.25)
     finally:
         wait_until_ready()  # whatever happened, the server is up again for the next tests
     elapsed = time.monotonic() - started
     supervisor.assert_healthy()
-    # A handler whose own write hit the outage failed its attempt, and was retried.
-    result = audit(work, tolerated=HANDLER_OUTAGE)
+    # A handler whose statement was running as the server went down failed its attempt.
+    result = audit(work, tolerated=MID_JOB + HANDLER_OUTAGE)
+    failed_at = {
+        (int(job), int(attempt)): float(at)
+        for job, attempt, at in (line.split() for line in failures.read_text().splitlines())
+    } if failures.exists() else {}  # fmt: skip
+    in_flight, charged = 0, []
+    for pk, errors in Job.objects.filter(pk__in=ids + idlers).values_list("pk", "errors"):
+        for error in errors or []:
+            if error["type"] not in HANDLER_OUTAGE:
+                continue
+            at = failed_at.get((pk, error["attempt"]))
+            if at is not None and any(began <= at <= down for began, down in stops):
+                in_flight += 1
+            else:
+                charged.append((pk, error["attempt"], at, error["message"][:200]))
+    held = Job.objects.filter(pk__in=idlers).values_list("state", "attempts", "errors")
+    spared = sum(worker.output().count(HANDED_BACK) for worker in supervisor.workers)
     line = chaos_report(
         "server-restart",
         jobs=result.jobs,
@@ -168,10 +142,14 @@ def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
         down_seconds=round(outage),
         re_runs=result.reruns,
         reclaimed=result.reclaimed,
+        handed_back=spared,
+        in_flight=in_flight,
         lost=result.lost,
         seconds=round(elapsed),
         seed=seed,
     )
+    assert not charged, f"{line}\ncharged to a closed connection: {charged[:30]}, {stops}"
+    assert all(row == (Job.State.DONE, 1, []) for row in held), (line, list(held))
     assert not result.problems, "\n".join([line, *result.problems[:30]])
     assert result.lost == 0
     assert supervisor.stop_all() == [0] * len(supervisor.workers)
@@ -180,3 +158,22 @@ def test_server_restarts_mid_run_lose_nothing(start_worker, chaos_report):
         reconnects += sum(worker.output().count(marker) for marker in OUTAGE)
         check_log(worker, tolerated=OUTAGE)
     assert reconnects > 0  # the workers did see the outage
+    assert spared > 0  # the idlers that query met their closed connections
+
+
+def hold_threads(marker) -> list[int]:
+    """Enqueue IDLERS jobs that wait for `marker` without touching the database (every other
+    one queries then), first in line; return their ids once their handlers run."""
+    jobs = [
+        jobqueue.enqueue(
+            "conn.after_file", {"path": str(marker), "query": k % 2 == 0}, priority=100
+        )
+        for k in range(IDLERS)
+    ]
+    ids = [int(job.pk) for job in jobs]
+    deadline = time.monotonic() + 60
+    while Job.objects.filter(pk__in=ids, state=Job.State.RUNNING).count() < len(ids):
+        assert time.monotonic() < deadline, describe_unfinished(ids)
+        time.sleep(0.05)
+    time.sleep(0.5)  # claimed together with short jobs queued before them: those end in ms
+    return ids

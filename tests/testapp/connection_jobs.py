@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from django.db import connection, transaction
@@ -44,3 +45,16 @@ def pooled(sleep: float = 0.0) -> dict[str, bool]:
         "given_back_after_orm_query": after_orm_query,
         "held_in_transaction": held_in_transaction,
     }
+
+
+@jobqueue.handler("conn.after_file")
+def after_file(path: str, query: bool = False) -> int | None:
+    """Wait until the file `path` exists, without touching the database (a test cuts or
+    restarts the server meanwhile); then, with `query`, return this thread's session id
+    from the job's first query."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+    return session() if query else None
