@@ -77,7 +77,7 @@ def probe(dialect: Dialect, ready: JobQuerySet, planned: Mapping[str, int]) -> d
                 if problem:
                     found[pk] = problem
         except (DatabaseError, InterfaceError) as exc:
-            if not _usable(dialect):
+            if not usable(dialect):
                 raise
             found[pk] = f"its row cannot be read ({type(exc).__name__}: {exc})"
         except Exception as exc:  # decoding, conversion: this row's, not the database's
@@ -85,7 +85,8 @@ def probe(dialect: Dialect, ready: JobQuerySet, planned: Mapping[str, int]) -> d
     return found
 
 
-def _usable(dialect: Dialect) -> bool:
+def usable(dialect: Dialect) -> bool:
+    """Whether this thread's connection is open and answers (a ping)."""
     conn = dialect.connection
     try:
         return conn.connection is not None and conn.is_usable()

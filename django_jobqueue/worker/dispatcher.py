@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import durable, leases, metrics, wake
+from .. import durable, leases, metrics, quarantine, wake
 from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
 from ..error_records import log_text
@@ -310,7 +310,7 @@ class Dispatcher:
         Lock contention is the database's (retried as such); so is any error the rows read
         one at a time do not meet again.
         """
-        if self.dialect.is_transient(exc):
+        if self.dialect.is_transient(exc) or not quarantine.usable(self.dialect):
             return False
         try:
             found = leases.set_aside_unreadable(
