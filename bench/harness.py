@@ -48,7 +48,6 @@ def reset() -> None:
     from django.db import connection
 
     from django_jobqueue.models import (
-        ConcurrencyLimit,
         Job,
         JobDependency,
         JobEvent,
@@ -60,7 +59,7 @@ def reset() -> None:
         Worker,
     )
 
-    models = (JobStep, JobWait, JobEvent, JobDependency, Job, Worker, ConcurrencyLimit)
+    models = (JobStep, JobWait, JobEvent, JobDependency, Job, Worker)
     models += (Limit, LimitSetting, ResourceStart)
     tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from . import leases, limits, quotas, registry, signals, validation, wake
+from . import leases, limits, registry, signals, validation, wake
 from .conf import JobQueueSettings
 from .context import JobContext
 from .dialects import Dialect
@@ -29,6 +29,7 @@ from .exceptions import (
     Retry,
     UnknownHandlerError,
 )
+from .limits.resources import close as close_resource
 from .records import ClaimedJob
 
 # The module's name before it was renamed: users configure their logging by logger name.
@@ -150,14 +151,14 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
 def _close_now(dialect: Dialect, conf: JobQueueSettings, limited: RateLimited) -> None:
     """Close the resource at once, from the handler's thread: other claims see it before the
     completer records the outcome (which closes it again, with the job's suspension)."""
-    if limits.find(limited.resource, limits.configured(conf)) is None:
+    if limits.find(limited.resource, limits.every_limit(conf)) is None:
         logger.warning(
             "RateLimited(%r): no entry of JOBQUEUE['LIMITS'] governs this resource, so only "
             "the raising job waits (%gs); no other job is held back",
             limited.resource, limited.retry_after,
         )  # fmt: skip
     try:
-        quotas.close(dialect, limited.resource, limited.retry_after)
+        close_resource(dialect, limited.resource, limited.retry_after)
     except Exception:  # the completer's write closes it all the same
         logger.warning("Could not close resource %r yet", limited.resource)
 

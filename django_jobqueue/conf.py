@@ -164,7 +164,7 @@ def _validate(conf: JobQueueSettings) -> None:
         )
     for name in ("group_limits", "queue_limits"):
         limits = getattr(conf, name)
-        # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
+        # The names are stored in a 255-character column (Limit.name, "group:<name>").
         if not isinstance(limits, dict) or not all(
             name_problem(k, 200) is None
             and isinstance(v, int)
@@ -211,9 +211,19 @@ def _validate(conf: JobQueueSettings) -> None:
                 f"control characters, to 'N/s', 'N/m' or 'N/h': a group name {problem}."
             )
         parse_rate(group, rate)
-    from .limits import parse_limits  # limits.py reads parse_rate from here
+    from .limits import derived, find, parse_limits  # limits reads parse_rate from here
 
-    parse_limits(conf.limits)
+    entries = parse_limits(conf.limits)
+    # GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS are the resources "group:<name>" and
+    # "queue:<name>" of the same engine: a LIMITS entry of such a name would count them twice.
+    for name in derived(conf):
+        found = find(name, entries)
+        if found is not None:
+            setting = "QUEUE_LIMITS" if name.startswith("queue:") else "GROUP_LIMITS/RATE_LIMITS"
+            raise ImproperlyConfigured(
+                f"JOBQUEUE['LIMITS'][{found[0]!r}] governs {name!r}, the resource of "
+                f"JOBQUEUE[{setting!r}]; give that limit in one place."
+            )
     if conf.schedule_clock is not None and not (
         callable(conf.schedule_clock) or isinstance(conf.schedule_clock, str)
     ):

@@ -13,10 +13,11 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from . import conf, limits, quotas, registry, signals, validation, wake, workflows
+from . import conf, limits, registry, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
+from .limits.resources import Resources
 from .models import Job, JobDependency
 from .options import JobOptions
 
@@ -182,7 +183,7 @@ def _build(
 def cached_in_force(settings: conf.JobQueueSettings) -> Callable[[], Mapping[str, limits.Spec]]:
     """A function that reads JOBQUEUE["LIMITS"] with the live changes of `jobqueue_limits
     set` at its first call, and gives the same at the next ones (one read for a batch)."""
-    return functools.cache(lambda: quotas.Resources(settings.limits).specs(settings.database))
+    return functools.cache(lambda: Resources(settings).specs(settings.database))
 
 
 def new_container(

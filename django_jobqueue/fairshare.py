@@ -24,11 +24,11 @@ from django.db import connections
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
-from . import pausing, quarantine, quotas
+from . import pausing, quarantine
 from .dialects.base import read_json
-from .fairplan import Demand, GroupDemand, plan, remaining
-from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, ConcurrencyLimit, Job, JobQuerySet
-from .ratelimits import RateLimits
+from .fairplan import Demand, GroupDemand, plan
+from .limits.resources import Resources
+from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, JobQuerySet, Limit
 
 if TYPE_CHECKING:
     from .conf import JobQueueSettings
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.scheduling")
-DYNAMIC_KEY = "dynamic"  # the ConcurrencyLimit row that claims under DYNAMIC_LIMIT lock
 # The view of the ready groups is refreshed after at least this many times the time its read
 # took (and at least FAIR_SHARE_REFRESH): at most a twentieth of a worker's time goes to it.
 DEMAND_SHARE = 20
@@ -50,7 +49,7 @@ OVERFETCH = 4
 # The candidates' statements kept compiled (one set per ready shape and skipped resources).
 CANDIDATE_SQL_KEPT = 64
 # Seconds a group none of whose candidates could start stays out of the plan (as long as a
-# resource found without room is skipped: quotas.Resources.take).
+# resource found without room is skipped: limits.resources.Resources.take).
 HELD_BACK_FOR = 0.25
 # The indexes a read of one group's ready jobs goes through: the group's, or (for a worker
 # that serves one queue) the queue's; never the ready index, which holds every group's.
@@ -68,8 +67,9 @@ class FairShare:
     It keeps a view of the groups with ready work, refreshed at most every
     FAIR_SHARE_REFRESH seconds (a new group waits at most that long for its first slot). With
     one group and no limits it takes the best ready jobs in one query; otherwise it plans the
-    slots per group with `plan()`, after locking the row of every limit involved so that no
-    two workers can both see room for the same last slot.
+    slots per group with `plan()`, within the room the limits engine (`limits.resources`)
+    finds for each group after locking the rows of the limits involved, so that no two
+    workers can both see room for the same last slot.
     """
 
     def __init__(self, settings: JobQueueSettings) -> None:
@@ -79,13 +79,12 @@ class FairShare:
         self.dynamic: Callable[[str], int | None] | None = (
             import_string(dynamic) if isinstance(dynamic, str) else dynamic
         )
-        self.rate_limits = RateLimits(settings.rate_limits)
-        self.resources = quotas.Resources(settings.limits)
+        self.rate_limits = dict(settings.rate_limits)
+        self.resources = Resources(settings)
         self.refresh = settings.fair_share_refresh
         self._demand = Demand(())
         self._demand_until = 0.0
         self._candidate_sql: dict[Any, dict[Any, Any]] = {}  # see _read_groups()
-        self._in_flight_sql: dict[str, tuple[str, list[Any]]] = {}  # by database alias
         self._orderings: dict[int, tuple[JobQuerySet, JobQuerySet]] = {}  # see _ordered()
         self._overfetch = 1  # see OVERFETCH
         # Groups whose planned slots found no job that could start (all held back by their
@@ -95,8 +94,6 @@ class FairShare:
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
         self._paused_until = 0.0
-        # The rate-limited starts of the last select(), counted by record_starts().
-        self._starts: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
         # When (monotonic) to claim again for the jobs the last select() held back because
         # another transaction held a lock row of their limits; None: none was held.
         self._held_retry: float | None = None
@@ -109,19 +106,15 @@ class FairShare:
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
-        """Create the lock rows of the configured limits (idempotent)."""
-        keys = [f"group:{g}" for g in self._locked_groups()]
-        keys += [f"queue:{q}" for q in self.queue_limits]
-        if self.dynamic is not None:
-            keys.append(DYNAMIC_KEY)
+        """Create the lock rows of the limits derived from the settings (idempotent; a claim
+        makes a row it finds missing, this spares the first claims the round trip)."""
+        names = sorted(name for name in self.resources.settings if not name.endswith("*"))
         # Only those missing: on MySQL an INSERT IGNORE of a row another transaction holds
         # waits for it.
-        rows = ConcurrencyLimit.objects.using(using)
-        missing = set(keys) - set(rows.filter(key__in=keys).values_list("key", flat=True))
+        rows = Limit.objects.using(using)
+        missing = set(names) - set(rows.filter(name__in=names).values_list("name", flat=True))
         if missing:
-            rows.bulk_create(
-                [ConcurrencyLimit(key=k) for k in sorted(missing)], ignore_conflicts=True
-            )
+            rows.bulk_create([Limit(name=name) for name in sorted(missing)], ignore_conflicts=True)
 
     @property
     def has_limits(self) -> bool:
@@ -142,16 +135,8 @@ class FairShare:
 
     def retry_at(self) -> float | None:
         """When (time.monotonic()) a rate that held work back has room again, or None."""
-        times = [
-            t
-            for t in (self.rate_limits.retry_at, self.resources.retry_at, self._held_retry)
-            if t is not None
-        ]
+        times = [t for t in (self.resources.retry_at, self._held_retry) if t is not None]
         return min(times) if times else None
-
-    def _locked_groups(self) -> set[str]:
-        """The groups with a lock row: those under a concurrency or a rate limit."""
-        return {*self.group_limits, *self.rate_limits.limits}
 
     def needs_planning(self, ready: JobQuerySet) -> bool:
         """Whether this claim must go through `select()` rather than take the best jobs.
@@ -229,6 +214,7 @@ class FairShare:
         ordered = self._ordered(ready)
         demand = self._current_demand(ready)
         self._held_retry = None
+        skip = tuple(self.resources.begin())  # resources found without room a moment ago
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
@@ -236,75 +222,41 @@ class FairShare:
             dynamic = self.ask_dynamic(ready)
         # A group the hook was not asked about (the view changed meanwhile) starts nothing.
         dynamic = {d.group: dynamic.get(d.group, 0) for d in demand} if self.dynamic else {}
-        held = self._lock_limits(dialect, demand)
-        in_flight: dict[str, int] = {}
-        # The groups' jobs in flight weigh the split and cap a group: moot for a lone group
-        # that no group cap governs (LIMITS alone, one group: a claim spares a query).
-        if len(demand) > 1 or self.group_limits or self.dynamic:
-            # Every group's, not only the ready ones': the jobs in flight are few (at most
-            # the workers' slots), where a filter naming thousands of groups cost more to
-            # build, send and plan than the count.
-            in_flight = self._in_flight_by_group(dialect)
-        # The room of the groups under a cap (absent: no cap); not a pass over every group.
-        capped = {*self.group_limits, *dynamic}
-        room: dict[str, int | None] = {
-            g: remaining(self.group_limits.get(g), in_flight.get(g, 0), dynamic.get(g))
-            for g in capped
-            if g in demand.by_name
-        }
-        # A rate limit is one more cap on the starts: the tightest one wins.
-        rated = self.rate_limits.room(dialect, demand.by_name)
-        for group, left in rated.items():
-            cap = room.get(group)
-            room[group] = left if cap is None else min(left, cap)
-        # A limit whose lock row another transaction holds starts nothing in this claim (it
-        # was not waited for): its groups get no room, its queue none either.
-        held_groups = [g for g in demand.by_name if f"group:{g}" in held]
-        if DYNAMIC_KEY in held:
-            held_groups += list(dynamic)
-        room.update(dict.fromkeys(held_groups, 0))
-        queue_room = self._queue_room(dialect.using, held)
-        if held_groups or any(q.startswith("queue:") for q in held):
+        # The groups' and queues' limits (their rows locked, the jobs in flight counted after
+        # the lock). The jobs in flight weigh the split: moot for a lone group (LIMITS alone,
+        # one group: a claim spares the count). Every group's, not only the ready ones': the
+        # jobs in flight are few, where a filter naming thousands of groups cost more.
+        in_flight = self.resources.open_groups(
+            dialect, demand.by_name, dynamic, count=len(demand) > 1
+        )
+        # The room of the groups under a limit (absent: no limit); not a pass over every group.
+        room = self.resources.group_rooms()
+        if self.resources.held_groups:  # a limit's row held elsewhere: look again soon
             self._held_retry = time.monotonic() + HELD_RETRY
+        queue_room = self.resources.queue_room()
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
             ordered = ordered.exclude(queue__in=full)
         shape = (ready, tuple(sorted(full)) if queue_room else ())
         if self.resources:
             picked = self._take_with_resources(
-                dialect, ordered, shape, limit, demand, in_flight, room
+                dialect, ordered, shape, limit, demand, in_flight, room, skip
             )
+            rows = _trim_to_queue_room(picked, queue_room)
         else:
             picked = self._take_planned(dialect, ordered, shape, limit, demand, in_flight, room)
-        rows = _trim_to_queue_room(picked, queue_room)
-        if self.rate_limits:
-            taken: dict[str, int] = {}
-            for _, _, group in rows:
-                taken[group] = taken.get(group, 0) + 1
-            wanting = {g: demand.by_name[g].ready for g in rated}
-            self._starts = (taken, rated, wanting)
+            rows = _trim_to_queue_room(picked, queue_room)
+            self.resources.took(rows)
+        taken: dict[str, int] = {}
+        for _, _, group in rows:
+            taken[group] = taken.get(group, 0) + 1
+        wanting = {g: demand.by_name[g].ready for g in room}
+        self.resources.settle_claim(wanting, taken)
         return [pk for pk, _, _ in rows]
-
-    def _in_flight_by_group(self, dialect: Dialect) -> dict[str, int]:
-        """The jobs in flight of each group, across all workers: one small statement,
-        compiled by the ORM once (building and compiling it cost twice its round trip)."""
-        if dialect.using not in self._in_flight_sql:
-            query = (
-                Job.objects.using(dialect.using)
-                .in_flight()
-                .values_list("group_key")
-                .annotate(n=Count("pk"))
-                .values_list("group_key", "n")
-            )
-            self._in_flight_sql[dialect.using] = dialect.compile_query(query)
-        sql, params = self._in_flight_sql[dialect.using]
-        with dialect.cursor() as cursor:
-            cursor.execute(sql, params)
-            return dict(cursor.fetchall())
 
     def has_starts_to_record(self) -> bool:
         """Whether `record_starts()` has anything to write for the last `select()`."""
-        return self._starts is not None or (bool(self.resources) and self.resources.started())
+        return self.resources.started()
 
     def record_starts(self, dialect: Dialect) -> None:
         """Count the rate-limited starts of the last `select()`, once its jobs are marked.
@@ -314,12 +266,7 @@ class FairShare:
         held a window apart are at least that far apart in the jobs' own `started_at` too,
         however long this thread was held up between the two statements.
         """
-        if self._starts is not None:
-            taken, rated, wanting = self._starts
-            self._starts = None
-            self.rate_limits.record(dialect, taken, rated, wanting, at=dialect.now())
-        if self.resources:
-            self.resources.record_starts(dialect)
+        self.resources.record_starts(dialect)
 
     def _take_planned(
         self,
@@ -374,9 +321,10 @@ class FairShare:
         demand: Demand,
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
+        skip: tuple[str, ...],
     ) -> list[tuple[int, str, str]]:
         """`_take_planned` under LIMITS: each planned group's best jobs are locked, more than
-        its slots, then taken in turn while the resources they use have room (`quotas`).
+        its slots, then taken in turn while the resources they use have room (`limits.resources`).
 
         The resources are locked once, in name order, for all the candidates: a claim never
         waits for a resource row while holding another out of order. Slots a group's
@@ -392,7 +340,6 @@ class FairShare:
         if all(d.group in held_back for d in demand):
             held_back = ()
         slots = plan(limit, demand, in_flight, room, skip=held_back)
-        skip = tuple(self.resources.skipped())  # found without room a moment ago
         counts = {group: (n + 1) * self._overfetch for group, n in slots.items()}
         fetched = {
             group: self._checked(rows)
@@ -411,7 +358,7 @@ class FairShare:
                     if cap is not None and taken.get(group, 0) >= cap:
                         break
                     pk, queue, group_key, uses = candidates.pop(0)
-                    if self.resources.take(uses):
+                    if self.resources.take(uses, group_key, queue):
                         rows.append((pk, queue, group_key))
                         taken[group] = taken.get(group, 0) + 1
                     else:
@@ -557,56 +504,6 @@ class FairShare:
         except Exception:  # a broken hook must not stop the worker: start nothing it governs
             logger.exception("DYNAMIC_LIMIT raised for group %r; no job of it starts now", group)
             return 0
-
-    def _lock_limits(self, dialect: Dialect, demand: Demand) -> set[str]:
-        """Lock the rows of the group, queue and dynamic limits this claim may start jobs
-        under, without waiting; return the keys of those another transaction holds.
-
-        A claim counts the jobs in flight only once it holds a limit's row (a statement after
-        the lock, at READ COMMITTED, sees what earlier holders committed), so no two workers
-        can both see room for the same last slot. It never waits for a row: one held (by a
-        concurrent claim, or by any transaction that locked it) gives no room to what it
-        governs in this claim, and every other group goes on.
-        """
-        keys = sorted(
-            [f"group:{g}" for g in self._locked_groups() if g in demand.by_name]
-            + [f"queue:{q}" for q in self.queue_limits]
-            # A dynamic cap is as global as GROUP_LIMITS: its row serializes the claims it
-            # governs, or two workers could both see room for the same last slot.
-            + ([DYNAMIC_KEY] if self.dynamic is not None else [])
-        )
-        if not keys:
-            return set()
-        rows = ConcurrencyLimit.objects.using(dialect.using)
-        locked = set(dialect.lock(rows.filter(key__in=keys)).values_list("key", flat=True))
-        if len(locked) < len(keys):
-            # Missing (ensure_limit_rows makes them at a worker's start), or held: a read that
-            # takes no lock tells which. Missing ones are made, then all locked again.
-            missing = set(keys) - locked
-            new = missing - set(rows.filter(key__in=missing).values_list("key", flat=True))
-            if new:
-                rows.bulk_create(
-                    [ConcurrencyLimit(key=k) for k in sorted(new)], ignore_conflicts=True
-                )
-                locked = set(dialect.lock(rows.filter(key__in=keys)).values_list("key", flat=True))
-        return set(keys) - locked
-
-    def _queue_room(self, using: str, held: Collection[str] = ()) -> dict[str, int]:
-        """The jobs each capped queue may still start (0 for a queue whose row is held)."""
-        if not self.queue_limits:
-            return {}
-        running = dict(
-            Job.objects.using(using)
-            .in_flight()
-            .filter(queue__in=list(self.queue_limits))
-            .values_list("queue")
-            .annotate(n=Count("pk"))
-            .values_list("queue", "n")
-        )
-        return {
-            q: 0 if f"queue:{q}" in held else limit - running.get(q, 0)
-            for q, limit in self.queue_limits.items()
-        }
 
 
 def _trim_to_queue_room(

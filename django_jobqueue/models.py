@@ -332,19 +332,6 @@ class Worker(models.Model):
         return str(self.id)
 
 
-class ConcurrencyLimit(models.Model):
-    """A lock row per configured limit: claims that count against the limit serialize on it."""
-
-    key = KeyField(_("limit"), max_length=255, primary_key=True)  # "group:x", "queue:y"
-
-    class Meta:
-        verbose_name = _("concurrency limit")
-        verbose_name_plural = _("concurrency limits")
-
-    def __str__(self) -> str:
-        return str(self.key)
-
-
 class Effect(models.Model):
     """An effect a handler committed, by key: what record_effect() checks before doing it again."""
 
@@ -360,8 +347,9 @@ class Effect(models.Model):
 
 
 class Limit(models.Model):
-    """One resource of JOBQUEUE["LIMITS"] ("openai", "tenant:42"): the row claims of jobs that
-    use it lock, made on first use, and when it reopens after a `RateLimited`."""
+    """One resource of the limits engine ("openai", "tenant:42", and the derived "group:<name>"
+    and "queue:<name>"): the row claims of jobs that use it lock, made on first use, and when
+    it reopens after a `RateLimited`."""
 
     name = KeyField(_("resource"), max_length=255, primary_key=True)
     closed_until = models.DateTimeField(_("closed until"), null=True, blank=True)
@@ -394,7 +382,8 @@ class LimitSetting(models.Model):
 
 class ResourceStart(models.Model):
     """`units` of a rate-limited resource started by one claim at `started_at` (database clock);
-    rows older than the resource's window are deleted by later claims."""
+    rows older than the resource's window are deleted by later claims. The one window of every
+    rate (limits/window.py): LIMITS' and RATE_LIMITS' ("group:<name>")."""
 
     resource = KeyField(_("resource"), max_length=255)
     started_at = models.DateTimeField(_("started"))
@@ -528,28 +517,6 @@ class ScheduleState(models.Model):
 
     def __str__(self) -> str:
         return str(self.name)
-
-
-class RateLimitStart(models.Model):
-    """`count` starts of jobs of a rate-limited group, claimed together at `started_at`.
-
-    Only groups in JOBQUEUE["RATE_LIMITS"] get rows, one per claim that started any of their
-    jobs; rows older than the group's window are deleted by later claims.
-    """
-
-    group_key = KeyField(_("group"), max_length=200)
-    started_at = models.DateTimeField(_("started"))
-    count = models.IntegerField(_("starts"))
-
-    class Meta:
-        verbose_name = _("rate limit start")
-        verbose_name_plural = _("rate limit starts")
-        indexes = [
-            models.Index(fields=["group_key", "started_at"], name="jobqueue_rate_group_started")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.group_key} x{self.count} @ {self.started_at}"
 
 
 class QueueState(models.Model):

@@ -1,66 +1,99 @@
-"""The limits of JOBQUEUE["LIMITS"] as operators see them and change them: what each holds
-now (`jobqueue_limits`, the admin's Limits page), and the live changes workers pick up.
+"""Every limit as operators see it and change it: what each holds now (`jobqueue_limits`, the
+admin's Limits page), whichever setting declared it (LIMITS, GROUP_LIMITS, RATE_LIMITS,
+QUEUE_LIMITS), and the live changes workers pick up (`limits.live`).
 
 Reads only: the Limit rows (one per resource used so far), the jobs in flight (through the
 leases' index), the rate windows, and the ready jobs that name a resource (at most
-WAITING_SCAN of them are counted).
+WAITING_SCAN of them are counted) or belong to a limited group or queue.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Count
 
-from . import conf, limits, quotas, validation
-from .conf import parse_rate
+from . import conf, limits
 from .dialects import Dialect
-from .exceptions import InvalidJobError
-from .models import Job, Limit, LimitSetting, ResourceStart
-from .validation import INT_MAX
+from .limits import window
+from .limits.live import check_name, reopen, reset_limit
+from .limits.live import set_limit as _set_limit
+from .limits.resources import Resources
+from .models import Job, Limit, LimitSetting
+
+__all__ = ["check_name", "current", "occupancy", "reopen", "reset_limit", "set_limit"]
 
 WAITING_SCAN = 100_000  # ready jobs with `uses` read to count the jobs waiting per resource
 
 
 def current(dialect: Dialect) -> dict[str, limits.Spec]:
-    """The settings' LIMITS with the live changes applied (as workers see them)."""
-    return quotas.Resources(conf.get().limits).specs(dialect.using)
+    """Every limit with the live changes applied (as workers see them)."""
+    return Resources(conf.get()).specs(dialect.using)
+
+
+def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str | None) -> None:
+    """Change limit `name` (an entry of the settings, or a resource an entry governs) while
+    workers run; they apply it within about two seconds. What is not given keeps its value in
+    force (the last change's, else the settings'). InvalidJobError for a bad name or value."""
+    _set_limit(dialect, name, concurrency=concurrency, rate=rate, in_force=current(dialect))
+
+
+def declared_by(name: str, entry: str | None) -> str | None:
+    """The setting that declared limit `entry` (None: no setting governs it any more)."""
+    settings = conf.get()
+    if entry is None:
+        return None
+    if entry in limits.configured(settings):
+        return "LIMITS"
+    if entry.startswith(limits.QUEUE):
+        return "QUEUE_LIMITS"
+    group = entry[len(limits.GROUP) :]
+    if group in settings.group_limits and group in settings.rate_limits:
+        return "GROUP_LIMITS, RATE_LIMITS"
+    return "RATE_LIMITS" if group in settings.rate_limits else "GROUP_LIMITS"
 
 
 def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     """One entry per resource (each configured name, each resource used so far, each one a
-    ready or running job uses): its limit, what it holds now and how many ready jobs wait
-    for it; sorted by name."""
+    ready or running job uses, each limited group and queue): its limit and the setting that
+    declared it, what it holds now and how many ready jobs wait for it; sorted by name."""
     using = dialect.using
-    settings = limits.configured(conf.get())
+    settings = limits.every_limit(conf.get())
     specs = current(dialect)
     changed = set(LimitSetting.objects.using(using).values_list("name", flat=True))
     rows = dict(Limit.objects.using(using).values_list("name", "closed_until"))
     now = dialect.now()
     in_flight: dict[str, int] = {}
-    for uses in (
-        Job.objects.using(using)
-        .in_flight()
-        .filter(uses__isnull=False)
-        .values_list("uses", flat=True)
-    ):
+    waiting: dict[str, int] = {}
+    jobs = Job.objects.using(using)
+    for uses in jobs.in_flight().filter(uses__isnull=False).values_list("uses", flat=True):
         for name, units in (uses or {}).items():
             in_flight[name] = in_flight.get(name, 0) + units
-    waiting: dict[str, int] = {}
-    ready = Job.objects.using(using).filter(state=Job.State.READY, uses__isnull=False)
-    for uses in ready.values_list("uses", flat=True)[:WAITING_SCAN]:
+    ready = jobs.filter(state=Job.State.READY)
+    for uses in ready.filter(uses__isnull=False).values_list("uses", flat=True)[:WAITING_SCAN]:
         for name in uses or {}:
             waiting[name] = waiting.get(name, 0) + 1
+    # The derived resources: a job of a limited group or queue uses one unit of it.
+    for field, prefix in (("group_key", limits.GROUP), ("queue", limits.QUEUE)):
+        limited = [name[len(prefix) :] for name in specs if name.startswith(prefix)]
+        if not limited:
+            continue
+        for source, into in ((jobs.in_flight(), in_flight), (ready, waiting)):
+            counts = (
+                source.filter(**{f"{field}__in": limited})
+                .values_list(field)
+                .annotate(n=Count("pk"))
+                .values_list(field, "n")
+            )
+            for key, n in counts:
+                into[prefix + key] = into.get(prefix + key, 0) + n
     # A resource has its row from its first claim; one whose jobs wait or run has its entry
     # before that too.
     used = {name for name in {*in_flight, *waiting} if limits.find(name, specs)}
     names = sorted({*rows, *specs, *used})
-    longest = max((s.rate[1] for s in specs.values() if s.rate), default=0)
-    starts = ResourceStart.objects.using(using).filter(
-        started_at__gt=now - dt.timedelta(seconds=longest + quotas.MARGIN)
-    )
-    recent = list(starts.values_list("resource", "started_at", "units"))
+    periods = {n: found[1].rate[1] for n in names if (found := limits.find(n, specs))
+               and found[1].rate and not n.endswith("*")}  # fmt: skip
+    started = window.read(dialect, periods, now).units if periods else {}
     entries = []
     for name in names:
         if name.endswith("*") and name in specs:  # a pattern: the sums of its resources
@@ -68,10 +101,6 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
             continue
         found = limits.find(name, specs)
         entry, spec = found if found else (None, limits.Spec())
-        started = None
-        if spec.rate:
-            window = now - dt.timedelta(seconds=spec.rate[1] + quotas.MARGIN)
-            started = sum(u for r, at, u in recent if r == name and at > window)
         closed = rows.get(name)
         entries.append(
             {
@@ -79,81 +108,17 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
                 "limit": entry,
                 **spec.describe(),
                 "in_flight": in_flight.get(name, 0),
-                "started_in_window": started,
+                "started_in_window": started.get(name, 0) if spec.rate else None,
                 "closed_until": closed.isoformat() if closed and closed > now else None,
                 "waiting": waiting.get(name, 0),
                 "changed": entry in changed,
                 "settings": None
                 if entry is None or entry not in settings
                 else settings[entry].describe(),
+                "declared_by": declared_by(name, entry),
             }
         )
     return entries
-
-
-def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str | None) -> None:
-    """Change limit `name` (a LIMITS entry, or a resource an entry governs) while workers run;
-    they apply it within about two seconds. What is not given keeps its value in force (the
-    last change's, else the settings'). InvalidJobError for a bad name or value."""
-    _known(name)
-    found = limits.find(name, current(dialect))
-    if found is not None:
-        in_force = found[1].describe()
-        concurrency = in_force["concurrency"] if concurrency is None else concurrency
-        rate = in_force["rate"] if rate is None else rate
-    value = {k: v for k, v in {"concurrency": concurrency, "rate": rate}.items() if v is not None}
-    # Said in the command's words (the settings' check names JOBQUEUE['LIMITS']).
-    if concurrency is not None and not limits.valid_concurrency(concurrency):
-        raise InvalidJobError(
-            f"The concurrency of {name!r} must be a whole number from 1 to {INT_MAX}, "
-            f"not {concurrency!r}."
-        )
-    if rate is not None:
-        try:
-            parse_rate(name, rate, setting="LIMITS")
-        except ImproperlyConfigured:
-            raise InvalidJobError(
-                f"The rate of {name!r} must be 'N/s', 'N/m' or 'N/h' with a whole N from 1 to "
-                f"{INT_MAX}, not {rate!r}."
-            ) from None
-    try:
-        limits.parse_spec(name, value)
-    except ImproperlyConfigured as exc:
-        raise InvalidJobError(str(exc)) from None
-    LimitSetting.objects.using(dialect.using).update_or_create(
-        name=name, defaults={"concurrency": concurrency, "rate": rate or ""}
-    )
-
-
-def reset_limit(dialect: Dialect, name: str) -> bool:
-    """Go back to the settings' value of limit `name`; False if it was not changed.
-    InvalidJobError if `name` is neither changed nor governed by JOBQUEUE["LIMITS"]."""
-    check_name(name)
-    deleted, _ = LimitSetting.objects.using(dialect.using).filter(name=name).delete()
-    if not deleted:  # a change of a name the settings dropped since can still be undone
-        _known(name)
-    return bool(deleted)
-
-
-def check_name(name: Any) -> str:
-    """Return `name` if it may name a limit (a LIMITS entry, a pattern, or a resource);
-    else raise InvalidJobError, before anything is read or written."""
-    return validation.check_label("limit name", name, 255, star="end")
-
-
-def _known(name: str) -> None:
-    """Raise InvalidJobError unless an entry of JOBQUEUE["LIMITS"] governs `name`."""
-    specs = limits.configured(conf.get())
-    if limits.find(name, specs) is None:
-        known = ", ".join(sorted(specs)) or "none"
-        raise InvalidJobError(f"{name!r} is not a limit of JOBQUEUE['LIMITS'] (known: {known}).")
-
-
-def reopen(dialect: Dialect, name: str) -> bool:
-    """Open resource `name` again at once (after a `RateLimited`); False if it was not closed."""
-    check_name(name)
-    closed = Limit.objects.using(dialect.using).filter(name=name, closed_until__isnull=False)
-    return bool(closed.update(closed_until=None))
 
 
 def _pattern(
@@ -181,4 +146,5 @@ def _pattern(
         "waiting": sum(n for r, n in waiting.items() if mine(r)),
         "changed": name in changed,
         "settings": settings[name].describe() if name in settings else None,
+        "declared_by": declared_by(name, name),
     }

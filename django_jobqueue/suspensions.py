@@ -18,12 +18,13 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.lookups import GreaterThan
 
-from . import events, quotas, workflows
+from . import events, workflows
 from .dialects import Dialect
 from .dialects.base import seconds
 from .dialects.functions import DbNow
 from .exceptions import Suspend
 from .leases import BUSY, Lease, fences, held_elsewhere
+from .limits.resources import close as close_resource
 from .models import Job, JobStep, JobWait
 
 
@@ -86,7 +87,7 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
         for resource, delay in sorted(
             {(h.closes, h.delay or 0.0) for _, h in suspending if h.closes}
         ):
-            quotas.close(dialect, resource, delay)
+            close_resource(dialect, resource, delay)
         ready = set()
         naps: dict[float, list[Lease]] = {}  # sleeps of a delay: one UPDATE for each delay
         for lease, how in suspending:

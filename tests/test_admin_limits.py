@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 
 import django_jobqueue as jobqueue
-from django_jobqueue import quotas
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.limits import resources as quotas
 from django_jobqueue.models import Limit, LimitSetting
 from tests.admin_support import csrf_token, login, make_user, url
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_jobqueue import enqueue, inbox, leases, pausing
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.models import ConcurrencyLimit, Effect, Job, ScheduleState, Worker
+from django_jobqueue.models import Effect, Job, Limit, ScheduleState, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,7 +81,7 @@ def _worker(pk: str) -> Worker:
     ("model", "make"),
     [
         (Worker, _worker),
-        (ConcurrencyLimit, lambda key: ConcurrencyLimit(key=key)),
+        (Limit, lambda name: Limit(name=name)),
         (ScheduleState, lambda name: ScheduleState(name=name, last_slot=timezone.now())),
         (Effect, lambda key: Effect(key=key)),
     ],

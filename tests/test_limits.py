@@ -296,7 +296,7 @@ def test_a_job_rate_limited_twice_ends_done_with_one_attempt_and_signals_each_cl
 def long_skips(monkeypatch):
     """A resource found without room stays out of the claims for a minute, not a quarter of a
     second: a loaded machine may take that long between two claims of a test."""
-    from django_jobqueue import quotas
+    from django_jobqueue.limits import resources as quotas
 
     monkeypatch.setattr(quotas, "HELD_FOR", 60.0)
     monkeypatch.setattr(quotas, "OVERRIDES_EVERY", 60.0)
@@ -553,6 +553,7 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
         "waiting": 2,
         "changed": False,
         "settings": {"concurrency": 1, "rate": None},
+        "declared_by": "LIMITS",
     }
     assert shown["tokens"]["started_in_window"] == 30 and shown["tokens"]["rate"] == "100/s"
     assert shown["api"]["in_flight"] == 0  # configured, never used
@@ -613,7 +614,7 @@ def test_limits_without_entries_in_settings_hold_back_nothing(settings):
 
 
 def test_the_stats_show_a_closed_resource():
-    from django_jobqueue import quotas
+    from django_jobqueue.limits import resources as quotas
 
     quotas.close(get_dialect("default"), "api", 60)
     out = StringIO()
@@ -633,7 +634,7 @@ def test_the_time_to_look_again_for_a_full_rate_is_cleared_by_the_next_claims(
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"tokens": {"rate": "2/s"}}}
     [work(uses={"tokens": 1}) for _ in range(3)]
     fair_share, dialect = FairShare(conf.get()), get_dialect("default")
-    from django_jobqueue import quotas
+    from django_jobqueue.limits import resources as quotas
 
     monkeypatch.setattr(quotas, "HELD_FOR", 0.0)  # each claim looks at the window
 
@@ -651,3 +652,46 @@ def test_the_time_to_look_again_for_a_full_rate_is_cleared_by_the_next_claims(
         assert time.monotonic() < deadline
     take()  # nothing left to start, and no full window
     assert fair_share.retry_at() is None
+
+
+def test_the_command_lists_the_group_queue_and_rate_limits_as_resources(settings):
+    """GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS are resources of the one engine: listed
+    beside LIMITS' ("group:<name>", "queue:<name>"), with what they hold, and changed live."""
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "GROUP_LIMITS": {"exports": 2},
+        "RATE_LIMITS": {"exports": "10/s", "mail": "60/m"},
+        "QUEUE_LIMITS": {"slow": 1},
+    }
+    [work(group="exports") for _ in range(3)]
+    work(queue="slow")
+    claim()
+    shown = limits_json()
+    exports = shown["group:exports"]
+    assert (exports["concurrency"], exports["rate"], exports["in_flight"]) == (2, "10/s", 2)
+    assert (exports["waiting"], exports["started_in_window"]) == (1, 2)
+    assert exports["declared_by"] == "GROUP_LIMITS, RATE_LIMITS"
+    assert shown["group:mail"]["rate"] == "60/m" and shown["group:mail"]["in_flight"] == 0
+    assert shown["queue:slow"]["in_flight"] == 1
+    assert shown["queue:slow"]["declared_by"] == "QUEUE_LIMITS"
+    call_command("jobqueue_limits", "set", "group:exports", "--concurrency", "3", stdout=StringIO())
+    assert limits_json()["group:exports"]["concurrency"] == 3
+    assert len(claim()) == 1  # the raised cap, applied by the next claims
+    call_command("jobqueue_limits", "reset", "group:exports", stdout=StringIO())
+    assert limits_json()["group:exports"]["concurrency"] == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "entry"),
+    [
+        ({"GROUP_LIMITS": {"exports": 2}}, "group:exports"),
+        ({"RATE_LIMITS": {"exports": "5/s"}}, "group:*"),
+        ({"QUEUE_LIMITS": {"slow": 1}}, "queue:slow"),
+    ],
+)
+def test_a_limits_entry_may_not_govern_a_derived_resource(settings, extra, entry):
+    """ "group:<name>" and "queue:<name>" are the resources GROUP_LIMITS, RATE_LIMITS and
+    QUEUE_LIMITS derive: a LIMITS entry that governs one would count its jobs twice."""
+    settings.JOBQUEUE = {**settings.JOBQUEUE, **extra, "LIMITS": {entry: {"concurrency": 1}}}
+    messages = [m for m in run_checks() if m.id == "django_jobqueue.E001"]
+    assert messages and "give that limit in one place" in messages[0].msg

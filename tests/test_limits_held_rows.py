@@ -14,8 +14,8 @@ from django.db import transaction
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, leases
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.fairshare import DYNAMIC_KEY, FairShare
-from django_jobqueue.models import ConcurrencyLimit, Job, Limit
+from django_jobqueue.fairshare import FairShare
+from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll
 from tests.lock_support import holding, skip_locks_only
 from tests.workflow_support import FAST, limits_env
@@ -98,32 +98,35 @@ def test_a_claim_held_back_by_a_held_resource_claims_again_at_once(settings):
 def test_a_cap_row_held_elsewhere_holds_back_only_what_it_caps(
     settings, setting, value, held, options, after
 ):
-    """GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS lock a row per group or queue: one held by
-    another transaction gives its group (or queue) no room in the claims meanwhile, which
-    never wait for it; the other group's job starts, and the held ones once it is free."""
+    """GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS are resources of the same engine, a row per
+    group or queue ("group:a", "queue:qa"): one held by another transaction gives its group
+    (or queue) no room in the claims meanwhile, which never wait for it; the other group's job
+    starts, and the held ones once it is free."""
     settings.JOBQUEUE = {**settings.JOBQUEUE, setting: value}
     held_jobs = [work(**options) for _ in range(3)]
     other = work(**{key: "b" if key == "group" else "qb" for key in options})
     claims = Claims()
     claims.fair_share.ensure_limit_rows("default")
-    with holding(ConcurrencyLimit, key=held):
+    with holding(Limit, name=held):
         assert claims.while_held() == [other.pk]
         assert claims.fair_share.retry_at() is not None  # looks again soon, not at the poll
     got, _ = claims()
     assert len(got) == after and set(got) <= {j.pk for j in held_jobs}
 
 
-def test_a_held_dynamic_row_holds_back_what_the_hook_governs_without_waiting(settings):
-    """DYNAMIC_LIMIT's one lock row, held by another transaction: a claim starts nothing the
-    hook governs (every group) meanwhile, and does not wait for the row."""
+def test_a_dynamic_cap_locks_its_group_alone(settings):
+    """A DYNAMIC_LIMIT cap is its group's resource ("group:a"): while another transaction holds
+    that row, a claim starts none of group a's jobs, does not wait, and starts group b's (the
+    hook's caps once shared one row that every claim of every group locked)."""
     settings.JOBQUEUE = {**settings.JOBQUEUE, "DYNAMIC_LIMIT": lambda group: 5}
-    jobs = [work(group="a"), work(group="b")]
+    held_job, other = work(group="a"), work(group="b")
     claims = Claims()
-    claims.fair_share.ensure_limit_rows("default")
-    with holding(ConcurrencyLimit, key=DYNAMIC_KEY):
-        assert claims.while_held(rounds=2) == []
+    claims()  # makes the groups' rows, and takes both jobs
+    held_job, other = work(group="a"), work(group="b")
+    with holding(Limit, name="group:a"):
+        assert claims.while_held(rounds=2) == [other.pk]
     got, _ = claims()
-    assert sorted(got) == sorted(j.pk for j in jobs)
+    assert got == [held_job.pk]
 
 
 # -- the same with worker processes ----------------------------------------------------------
@@ -148,10 +151,8 @@ def test_workers_start_other_tenants_jobs_while_a_tenants_row_is_held(settings, 
             return work(uses={f"tenant:{tenant}": 1}, group=tenant)
     else:
         env = limits_env(group_limits={"a": 1, "b": 1})
-        row, lookup = ConcurrencyLimit, {"key": "group:a"}
-        ConcurrencyLimit.objects.bulk_create(
-            [ConcurrencyLimit(key="group:a"), ConcurrencyLimit(key="group:b")]
-        )
+        row, lookup = Limit, {"name": "group:a"}
+        Limit.objects.bulk_create([Limit(name="group:a"), Limit(name="group:b")])
 
         def job(tenant: str) -> Job:
             return work(group=tenant)

@@ -10,7 +10,7 @@ from django.db.models import Sum
 
 import django_jobqueue as jobqueue
 from django_jobqueue.checks import check_settings
-from django_jobqueue.models import Job, RateLimitStart
+from django_jobqueue.models import Job, ResourceStart
 from tests.conftest import assert_clean_log, poll
 from tests.testapp.models import RunRecord
 from tests.workflow_support import FAST, limits_env, max_overlap, run_burst, run_intervals
@@ -58,8 +58,9 @@ def test_jobs_held_back_by_a_rate_wait_ready_without_using_an_attempt(settings):
     held = api.exclude(state=Job.State.DONE)
     assert set(held.values_list("state", "attempts", "last_error")) == {("ready", 0, None)}
     assert Job.objects.filter(group_key="other", state=Job.State.DONE).count() == 4
-    assert RateLimitStart.objects.filter(group_key="api").aggregate(n=Sum("count"))["n"] == 3
-    assert not RateLimitStart.objects.exclude(group_key="api").exists()
+    # The group's rate is the resource "group:api" of the one limits engine: its window counts.
+    assert ResourceStart.objects.filter(resource="group:api").aggregate(n=Sum("units"))["n"] == 3
+    assert not ResourceStart.objects.exclude(resource="group:api").exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 import django_jobqueue as jobqueue
-from django_jobqueue.models import ConcurrencyLimit, Job
+from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll, wait_for_job
 from tests.testapp.models import RunRecord
 from tests.workflow_support import limits_env
@@ -149,11 +149,9 @@ def test_worker_whose_claim_waits_on_a_locked_limit_row_keeps_its_leases(start_w
     wait_for_job(job.pk, Job.State.RUNNING)
     rescuer = start_worker(*SHORT_LEASE, env=env)
     rescuer.wait_registered()
-    poll(lambda: ConcurrencyLimit.objects.filter(key="group:g").exists())
+    poll(lambda: Limit.objects.filter(name="group:g").exists())
     later = jobqueue.enqueue("test.noop", group="g")
-    with holding(
-        lambda: list(ConcurrencyLimit.objects.select_for_update().filter(key="group:g")), HOLD
-    ):
+    with holding(lambda: list(Limit.objects.select_for_update().filter(name="group:g")), HOLD):
         pass
     done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert (done.state, done.attempts) == (Job.State.DONE, 1)

@@ -23,7 +23,7 @@ _db = os.environ.get("BENCH_DB", "sqlite")
 if _db == "pg":
     _default = {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": "jobqueue_bench",
+        "NAME": os.environ.get("BENCH_DB_NAME", "jobqueue_bench"),
         "USER": "postgres",
         "HOST": "127.0.0.1",
         "PORT": "5432",
@@ -31,7 +31,7 @@ if _db == "pg":
 elif _db == "mysql":
     _default = {
         "ENGINE": "django.db.backends.mysql",
-        "NAME": "jobqueue_bench",
+        "NAME": os.environ.get("BENCH_DB_NAME", "jobqueue_bench"),
         "USER": "root",
         "HOST": "127.0.0.1",
         "PORT": "3306",

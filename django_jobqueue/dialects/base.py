@@ -153,7 +153,7 @@ class Dialect:
         """The SQL of the server's clock at the moment a statement runs."""
         return self.compile(DbNow())
 
-    # -- the resources of JOBQUEUE["LIMITS"] (quotas.py) ---------------------------------------
+    # -- the resources of every limit (limits/resources.py) ----------------------------------
     # Raw statements: a claim under LIMITS runs both, and the ORM took four times as long as
     # the database to build them.
 

@@ -1,12 +1,19 @@
-"""Limits built for quotas: JOBQUEUE["LIMITS"] and the resources a job uses.
+"""The grammar of limits: JOBQUEUE["LIMITS"], the resources a job uses, and the resources the
+engine derives from GROUP_LIMITS, QUEUE_LIMITS and RATE_LIMITS.
 
 A resource is a name ("openai", "tenant:42"). JOBQUEUE["LIMITS"] maps a resource, or a
 pattern ending in "*" ("tenant:*"), to its limits: `concurrency` (at most N units in flight,
 summed over the leased and running jobs that use the resource) and `rate` ("N/s|m|h": at
 most N units started in any sliding window of that length). Every resource a pattern matches
 has limits of its own. A job names the resources it uses and the units of each
-(`enqueue(uses=...)`), and starts only when each has room for them: see `quotas` for how a
-claim decides. This module reads and checks the settings and `uses`; it touches no table.
+(`enqueue(uses=...)`), and starts only when each has room for them: see `limits.resources`
+for how a claim decides. This module reads and checks the settings and `uses`; it touches no
+table.
+
+The older settings are shorthands for resources of the same engine (`derived`): a group of
+GROUP_LIMITS or RATE_LIMITS is the resource "group:<name>", a queue of QUEUE_LIMITS the
+resource "queue:<name>", and every job of that group or queue uses one unit of it, without
+saying so in its `uses`.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import JobQueueSettings, parse_rate
-from .exceptions import InvalidJobError
-from .validation import INT_MAX, name_problem
+from ..conf import RATE_PERIODS, JobQueueSettings, parse_rate
+from ..exceptions import InvalidJobError
+from ..validation import INT_MAX, name_problem
+
+PERIOD_NAMES = {seconds: name for name, seconds in RATE_PERIODS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +48,37 @@ class Spec:
     def describe(self) -> dict[str, Any]:
         rate = None
         if self.rate:
-            rate = f"{self.rate[0]}/{ {1: 's', 60: 'm', 3600: 'h'}[self.rate[1]] }"
+            rate = f"{self.rate[0]}/{PERIOD_NAMES[self.rate[1]]}"
         return {"concurrency": self.concurrency, "rate": rate}
+
+
+# The prefixes of the resources derived from GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS.
+GROUP = "group:"
+QUEUE = "queue:"
+
+
+def group_resource(group: str) -> str:
+    """The resource a job of `group` uses one unit of (where a group limit governs it)."""
+    return GROUP + group
+
+
+def queue_resource(queue: str) -> str:
+    """The resource a job of `queue` uses one unit of (where QUEUE_LIMITS governs it)."""
+    return QUEUE + queue
+
+
+def derived(settings: JobQueueSettings) -> dict[str, Spec]:
+    """GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS as resources: {"group:<g>" or "queue:<q>":
+    Spec}, a group's cap and rate in one entry."""
+    specs: dict[str, Spec] = {}
+    for group, cap in settings.group_limits.items():
+        specs[group_resource(group)] = Spec(concurrency=cap)
+    for group, rate in settings.rate_limits.items():
+        capped = specs.get(group_resource(group), Spec()).concurrency
+        specs[group_resource(group)] = Spec(capped, parse_rate(group, rate))
+    for queue, cap in settings.queue_limits.items():
+        specs[queue_resource(queue)] = Spec(concurrency=cap)
+    return specs
 
 
 def parse_spec(name: Any, value: Any, where: str = "JOBQUEUE['LIMITS']") -> Spec:
@@ -84,6 +122,11 @@ def parse_limits(raw: Any) -> dict[str, Spec]:
 def configured(settings: JobQueueSettings) -> dict[str, Spec]:
     """The settings' LIMITS, parsed once for each value of the setting."""
     return _parsed(json.dumps(settings.limits, sort_keys=True, default=str))
+
+
+def every_limit(settings: JobQueueSettings) -> dict[str, Spec]:
+    """Every resource and pattern the settings limit: LIMITS' entries and the derived ones."""
+    return {**derived(settings), **configured(settings)}
 
 
 @functools.lru_cache(maxsize=8)
