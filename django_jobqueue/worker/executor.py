@@ -1,9 +1,15 @@
 """The executor: threads that run handlers; a timed-out thread is abandoned and replaced.
 
-An async handler's attempt is started by a thread and then runs as a task on the worker's
-event loop (`eventloop`): the thread goes straight back for the next job, and the task's end
-gives its slot back. Each slot (`load`) is given back exactly once, by whoever ends it: the
-thread or task that ran it, or `abandon()`.
+A thread takes a handler slot (`slots`) before it takes an attempt: at most `--concurrency`
+handlers run at once, sync and async together, and attempts claimed ahead (prefetch) wait in
+the queue, unstarted, for a slot. An async handler's attempt is started by a thread and then
+runs as a task on the worker's event loop (`eventloop`), with the thread's slot: the thread
+goes back for another slot, and the task's end gives its slot back. Each slot (and its `load`)
+is given back exactly once, by whoever ends the attempt: the thread or task that ran it, or
+`abandon()`.
+
+An attempt whose start was counted against a rate (`InFlight.start_by`) starts only until
+then: later, it is handed back uncharged (`on_late`), since its window no longer covers it.
 
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
@@ -30,6 +36,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..attempts import InFlight, Outcome
 from . import connection_pool
 from .eventloop import EventLoop
+from .slots import Slots
 
 if TYPE_CHECKING:
     from .sync_calls import SyncCallThreads
@@ -62,6 +69,7 @@ class Executor:
         on_idle: Callable[[int], None],
         alias: str | None = None,
         on_no_connection: Callable[[InFlight, BaseException], None] | None = None,
+        on_late: Callable[[InFlight], None] | None = None,
         start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
         is_async: Callable[[InFlight], bool] | None = None,
         sync_calls: SyncCallThreads | None = None,
@@ -84,10 +92,12 @@ class Executor:
         # POOL_RETURN = "query": a pooled connection goes back after each query, not each job.
         self._return_after_queries = return_after_queries
         self._on_no_connection = on_no_connection
+        self._on_late = on_late  # a rated attempt past its start_by, settled: hand it back
         self.connect_failures = 0  # attempts handed back in a row for want of a connection
         self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self.slots = Slots(size)
         self.load = 0
         self.abandoned: list[threading.Thread] = []
         self.ewma_duration: float | None = None  # seconds a handler takes, recent average
@@ -110,14 +120,19 @@ class Executor:
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:
             while True:
+                self._take_slot()
                 flight = self._next()
                 if flight is None:
+                    self.slots.give_back()
                     return
                 if self._is_async is not None and self._is_async(flight):
-                    self._start_on_loop(flight)
+                    if not self._handed_back_late(flight):
+                        self._start_on_loop(flight)  # the slot goes with it, to its task
                     continue
                 if conn is not None and conn.connection is None and not self._connect(conn, flight):
                     self._finished()
+                    continue
+                if self._handed_back_late(flight):
                     continue
                 outcome = None
                 try:
@@ -202,6 +217,28 @@ class Executor:
         if mine:
             self._finished()
 
+    def _take_slot(self) -> None:
+        """Wait for a free handler slot; this thread's connections are closed while none comes
+        (async jobs may hold every slot for long)."""
+        if not self.slots.take(IDLE_CLOSE):
+            connections.close_all()  # this thread's only
+            self.slots.take()
+
+    def _handed_back_late(self, flight: InFlight) -> bool:
+        """Hand back `flight` if it would start past its `start_by`; return whether it did.
+
+        Its start was counted against a rate when it was claimed, and the rate's window holds
+        a start for only so long: started later, it could be the rate's N+1st start in some
+        window. It goes back to `ready` uncharged, to be claimed (and counted) again.
+        """
+        start_by = flight.start_by
+        if start_by is None or self._on_late is None or time.monotonic() <= start_by:
+            return False
+        if flight.settle():  # not released by a shutdown meanwhile
+            self._on_late(flight)
+        self._finished()
+        return True
+
     def _next(self) -> InFlight | None:
         """The next attempt to run; this thread's connections are closed while none comes."""
         try:
@@ -239,6 +276,9 @@ class Executor:
         self.ewma_duration = duration if ewma is None else ewma + 0.1 * (duration - ewma)
 
     def _finished(self) -> None:
+        """An attempt that had a slot is over (or was abandoned, or handed back): free its
+        slot, then its place in `load` (the dispatcher claims for the free slot it sees)."""
+        self.slots.give_back()
         with self._lock:
             self.load -= 1
             load = self.load
