@@ -92,6 +92,14 @@ class FairShare:
         self._paused_until = 0.0
         # The rate-limited starts of the last select(), counted by record_starts().
         self._starts: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
+        # How many jobs counted against a rate (RATE_LIMITS, or a LIMITS rate) a claim may
+        # take: the worker's free slots, so that they start at once, never prefetched. None:
+        # no bound. Set by the worker's dispatcher before each claim.
+        self.rated_room: int | None = None
+        # The last claim's jobs counted against a rate, and the time (monotonic) before the
+        # statement whose clock recorded their starts: see Dispatcher.step.
+        self.rated_ids: set[int] = set()
+        self.counted_at = 0.0
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -206,6 +214,7 @@ class FairShare:
         """
         ordered = self._ordered(ready)
         demand = self._current_demand(ready)
+        self.rated_ids = set()
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
         # Ask the hook before taking the lock rows: a slow hook must not hold every worker.
@@ -232,8 +241,9 @@ class FairShare:
         # A rate limit is one more cap on the starts: the tightest one wins.
         rated = self.rate_limits.room(dialect, demand.by_name)
         for group, left in rated.items():
+            most = left if self.rated_room is None else min(left, self.rated_room)
             cap = room.get(group)
-            room[group] = left if cap is None else min(left, cap)
+            room[group] = most if cap is None else min(most, cap)
         queue_room = self._queue_room(dialect.using)
         if queue_room:
             full = [q for q, n in queue_room.items() if n <= 0]
@@ -241,11 +251,17 @@ class FairShare:
         shape = (ready, tuple(sorted(full)) if queue_room else ())
         if self.resources:
             picked = self._take_with_resources(
-                dialect, ordered, shape, limit, demand, in_flight, room
+                dialect, ordered, shape, limit, demand, in_flight, room, rated
             )
         else:
             picked = self._take_planned(dialect, ordered, shape, limit, demand, in_flight, room)
+            self.rated_ids = {pk for pk, _, group in picked if group in rated}
         rows = _trim_to_queue_room(picked, queue_room)
+        if self.rated_room is not None and len(self.rated_ids) > self.rated_room:
+            # Several rated groups, each within the room: the first ones in the claim take it.
+            kept = set([pk for pk, _, _ in rows if pk in self.rated_ids][: self.rated_room])
+            rows = [row for row in rows if row[0] in kept or row[0] not in self.rated_ids]
+            self.rated_ids = kept
         if self.rate_limits:
             taken: dict[str, int] = {}
             for _, _, group in rows:
@@ -283,6 +299,9 @@ class FairShare:
         held a window apart are at least that far apart in the jobs' own `started_at` too,
         however long this thread was held up between the two statements.
         """
+        if self._starts is not None or (self.resources and self.resources.started()):
+            # The clock read below is the database's count of these starts: after this.
+            self.counted_at = time.monotonic()
         if self._starts is not None:
             taken, rated, wanting = self._starts
             self._starts = None
@@ -343,6 +362,7 @@ class FairShare:
         demand: Demand,
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
+        rated: Collection[str],
     ) -> list[tuple[int, str, str]]:
         """`_take_planned` under LIMITS: each planned group's best jobs are locked, more than
         its slots, then taken in turn while the resources they use have room (`quotas`).
@@ -371,6 +391,7 @@ class FairShare:
         rows: list[tuple[int, str, str]] = []
         taken: dict[str, int] = {}
         refused = 0
+        waiting: dict[str, list[Any]] = {}  # counted against a rate, with no free slot to start
         for wanted in (slots, None):  # the planned slots, then what is left, to any group
             for group, candidates in fetched.items():
                 cap = room.get(group)
@@ -379,12 +400,21 @@ class FairShare:
                         break
                     if cap is not None and taken.get(group, 0) >= cap:
                         break
-                    pk, queue, group_key, uses = candidates.pop(0)
+                    pk, queue, group_key, uses = candidate = candidates.pop(0)
+                    counted = group_key in rated or self.resources.rated(uses)
+                    budget = self.rated_room
+                    if counted and budget is not None and len(self.rated_ids) >= budget:
+                        waiting.setdefault(group, []).append(candidate)  # stays ready
+                        continue
                     if self.resources.take(uses):
                         rows.append((pk, queue, group_key))
                         taken[group] = taken.get(group, 0) + 1
+                        if counted:
+                            self.rated_ids.add(pk)
                     else:
                         refused += 1
+        for group, candidates in waiting.items():  # not refused: the group is not held back
+            fetched[group] += candidates
         # A group given slots whose candidates all stayed behind (none, or all refused) is
         # left out of the plan for a moment: its share goes to the groups whose jobs can
         # start. Planned again, it would take the slots of every claim and start nothing.

@@ -138,6 +138,11 @@ class Resources:
             if name not in self._governed:
                 self._rooms[name] = Room(None, None)
 
+    def rated(self, uses: Mapping[str, int] | None) -> bool:
+        """Whether a job that uses `uses` would count against a rate (after `open()`)."""
+        governed = self._governed
+        return any(governed[name].rate for name in uses or () if name in governed)
+
     def take(self, uses: Mapping[str, int] | None) -> bool:
         """Whether a job that uses `uses` may start now; if so, count its units as taken."""
         if not uses:

@@ -7,10 +7,10 @@ the last window leave room for. The time is read after the claim stamped its job
 happen inside the claim transaction, under the group's lock row (see FairShare), so claims
 in every process and host count each other's starts.
 
-The window is held `MARGIN` longer than the period: a job starts in its handler a few
-milliseconds after its claim is recorded, and not always the same few, so two batches
-recorded exactly one period apart could otherwise start in their handlers a little less than
-a period apart.
+The window is held `MARGIN` longer than the period, and a worker starts each job counted
+here within half of it after the count, or hands it back uncharged (worker.dispatcher's
+START_WITHIN): so two batches recorded one period apart never start in their handlers less
+than a period apart, whatever the CPU makes of the time between claim and handler.
 """
 
 from __future__ import annotations

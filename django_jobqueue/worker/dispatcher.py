@@ -1,7 +1,11 @@
 """The dispatcher: the loop that claims ready jobs and hands them to the executor.
 
-It claims in batches, sized to the free handler threads plus a prefetch that only short jobs
+It claims in batches, sized to the free handler slots plus a prefetch that only short jobs
 earn, marks them `running` in the claim itself, and times out attempts past their deadline.
+Jobs whose start a claim counts against a rate are not prefetched: a claim takes only as many
+as will find a slot at once (`rated_room`), they go ahead of the others in the executor, and
+each must start within START_WITHIN of the count (`InFlight.start_by`), or it is handed back
+uncharged.
 It never renews a lease, reclaims or records an outcome: those are other duties, on other
 threads, so nothing it waits for (a locked limit row, a database backoff) can cost a lease.
 """
@@ -16,7 +20,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import durable, leases, metrics, wake
+from .. import durable, leases, metrics, ratelimits, wake
 from ..attempts import InFlight, Outcome
 from ..dialects import Dialect
 from ..exceptions import JobTimeout
@@ -34,6 +38,12 @@ FIRST_IDLE_POLL = 0.05
 # While handler threads cannot connect, claims pause this long, doubling up to the maximum.
 NO_CONNECTION_PAUSE = 0.5
 NO_CONNECTION_PAUSE_MAX = 10.0
+# A job counted against a rate starts within this many seconds of the count, or is handed
+# back: half the margin by which a rate's window outlasts its period, the other half being
+# for the way from the worker's start of the attempt to the handler's first line (job_started
+# receivers; an async coroutine's first step on the event loop). So the starts of any window
+# of the period, counted at handler start, stay within the rate.
+START_WITHIN = ratelimits.MARGIN / 2
 # Back-pressure: the jobs held (claimed and not yet recorded, running or not) stay within this
 # many times the capacity. When the completer falls behind (a slow or locked database), claims
 # pause until it has caught up, so memory and held leases stay bounded.
@@ -82,7 +92,7 @@ class Dispatcher:
         self.too_many_hung = False
         self._idle_wait = FIRST_IDLE_POLL
         self._db_backoff = 0.0
-        self._handed_back: list[tuple[InFlight, BaseException]] = []
+        self._handed_back: list[tuple[InFlight, BaseException | None]] = []
         self._handed_back_lock = threading.Lock()
         self._paused_until = 0.0
         # Whether the last step claimed less than it had room for because too many attempts
@@ -103,6 +113,18 @@ class Dispatcher:
     def wants_work(self, load: int) -> bool:
         """Whether to claim at this executor load: a thread is idle, or half the room is free."""
         return load < self.concurrency or load <= self.capacity() // 2
+
+    def rated_room(self, load: int) -> int:
+        """How many jobs counted against a rate a claim may take at this executor load.
+
+        They start ahead of the others: in the free slots, and in those that the handlers
+        running now free within half of START_WITHIN, by recent handler durations (a worker
+        busy with short jobs has no free slot when it claims, but frees one every few
+        milliseconds), less those still waiting for a slot.
+        """
+        ewma = self.executor.ewma_duration
+        soon = int(self.concurrency * START_WITHIN / 2 / max(ewma, 1e-6)) if ewma else 0
+        return max(0, max(0, self.concurrency - load) + soon - self.executor.rated_waiting)
 
     def unrecorded_room(self) -> int:
         """How many more jobs may be held before the completer catches up (back-pressure).
@@ -154,6 +176,7 @@ class Dispatcher:
             room = min(room, max_jobs - self.claimed)
         if room <= 0:
             return 0
+        self.fair_share.rated_room = self.rated_room(load)  # they must start at once
         self.dialect.bound_waits(self.lock_timeout, self.lease_ttl)
         jobs = leases.claim(
             self.dialect,
@@ -168,19 +191,31 @@ class Dispatcher:
         if self.tally is not None:
             self.tally.claimed(jobs)
         now = time.monotonic()
+        rated = self.fair_share.rated_ids
+        start_by = self.fair_share.counted_at + START_WITHIN
         for job in jobs:
             lease = leases.Lease(job.id, self.owner, job.attempts)
             flight = InFlight(job=job, lease=lease, claimed=now, lease_ttl=self.lease_ttl)
+            if job.id in rated:
+                flight.start_by = start_by
             flight.renewer = self.renewer
             self.flights.add(flight)
             self.executor.submit(flight)
         self.claimed += len(jobs)
         return len(jobs)
 
-    # -- attempts whose handler thread could not connect ---------------------------------------
+    # -- attempts handed back unstarted (no connection, or too late for their rate) ----------
 
-    def hand_back(self, flight: InFlight, exc: BaseException) -> None:
-        """Take back an attempt that never started for want of a connection (any thread)."""
+    def hand_back(self, flight: InFlight, exc: BaseException | None) -> None:
+        """Take back an attempt that never started (any thread): for want of a connection
+        (`exc`), or (None) too late for the rate its start was counted against."""
+        if exc is None:
+            late = time.monotonic() - (flight.start_by or 0.0) + START_WITHIN
+            logger.warning(
+                "Job id=%s would have started %.3fs after its start was counted against a "
+                "rate (the most is %ss): handed back without charging an attempt",
+                flight.job.pk, late, START_WITHIN,
+            )  # fmt: skip
         with self._handed_back_lock:
             self._handed_back.append((flight, exc))
         wake.wake_up()
@@ -190,7 +225,8 @@ class Dispatcher:
         return time.monotonic() < self._paused_until
 
     def release_handed_back(self) -> None:
-        """Release the handed-back attempts uncharged (this connection works) and pause claims.
+        """Release the handed-back attempts uncharged (this connection works), and pause
+        claims if a handler thread could not connect.
 
         The heartbeat keeps their leases until then; a database error leaves them for the
         next step.
@@ -205,6 +241,9 @@ class Dispatcher:
         for flight, _ in taken:
             self.flights.remove(flight)
             flight.recorded = True
+        taken = [(flight, exc) for flight, exc in taken if exc is not None]
+        if not taken:  # only late ones: nothing wrong with the connections
+            return
         failures = max(1, self.executor.connect_failures)
         pause = min(NO_CONNECTION_PAUSE * 2 ** (failures - 1), NO_CONNECTION_PAUSE_MAX)
         self._paused_until = time.monotonic() + pause

@@ -8,8 +8,9 @@ goes back for another slot, and the task's end gives its slot back. Each slot (a
 is given back exactly once, by whoever ends the attempt: the thread or task that ran it, or
 `abandon()`.
 
-An attempt whose start was counted against a rate (`InFlight.start_by`) starts only until
-then: later, it is handed back uncharged (`on_late`), since its window no longer covers it.
+An attempt whose start was counted against a rate (`InFlight.start_by`) goes ahead of the
+others (a lane of its own, taken first), and starts only until then: later, it is handed back
+uncharged (`on_late`), since its rate's window no longer covers it.
 
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
@@ -53,6 +54,13 @@ CONNECT_RETRIES = (0.1, 0.3)
 LOOP_STUCK = 1.0
 
 
+class _Lane:
+    """The mark, in the queue, of an attempt put in the lane (it wakes a waiting thread)."""
+
+
+LANE = _Lane()
+
+
 class Executor:
     """`concurrency` threads taking claimed attempts from a queue and running them.
 
@@ -94,7 +102,8 @@ class Executor:
         self._on_no_connection = on_no_connection
         self._on_late = on_late  # a rated attempt past its start_by, settled: hand it back
         self.connect_failures = 0  # attempts handed back in a row for want of a connection
-        self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self._queue: queue_module.SimpleQueue[InFlight | _Lane | None] = queue_module.SimpleQueue()
+        self._lane: queue_module.SimpleQueue[InFlight] = queue_module.SimpleQueue()  # rated
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.slots = Slots(size)
@@ -240,12 +249,26 @@ class Executor:
         return True
 
     def _next(self) -> InFlight | None:
-        """The next attempt to run; this thread's connections are closed while none comes."""
-        try:
-            return self._queue.get(timeout=IDLE_CLOSE)
-        except queue_module.Empty:
-            connections.close_all()  # this thread's only
-            return self._queue.get()
+        """The next attempt to run, the lane's first; this thread's connections are closed
+        while none comes."""
+        while True:
+            if not self._lane.empty():
+                try:
+                    return self._lane.get_nowait()
+                except queue_module.Empty:  # another thread took it meanwhile
+                    pass
+            try:
+                item = self._queue.get(timeout=IDLE_CLOSE)
+            except queue_module.Empty:
+                connections.close_all()  # this thread's only
+                item = self._queue.get()
+            if not isinstance(item, _Lane):
+                return item
+
+    @property
+    def rated_waiting(self) -> int:
+        """How many attempts counted against a rate wait for a slot (in the lane)."""
+        return self._lane.qsize()
 
     def _connect(self, conn: BaseDatabaseWrapper, flight: InFlight) -> bool:
         """Open this thread's queue connection, trying a few times; False: handed back."""
@@ -287,21 +310,26 @@ class Executor:
     def submit(self, flight: InFlight) -> None:
         with self._lock:
             self.load += 1
-        self._queue.put(flight)
+        if flight.start_by is None:
+            self._queue.put(flight)
+        else:
+            self._lane.put(flight)
+            self._queue.put(LANE)
 
     def take_unstarted(self) -> list[InFlight]:
         """Remove the attempts no thread has started yet, and return them (shutdown)."""
         taken: list[InFlight] = []
         put_back = 0
-        while True:
-            try:
-                flight = self._queue.get_nowait()
-            except queue_module.Empty:
-                break
-            if flight is None:
-                put_back += 1
-                continue
-            taken.append(flight)
+        for waiting in (self._lane, self._queue):
+            while True:
+                try:
+                    flight = waiting.get_nowait()
+                except queue_module.Empty:
+                    break
+                if flight is None:
+                    put_back += 1
+                elif not isinstance(flight, _Lane):
+                    taken.append(flight)
         for _ in range(put_back):
             self._queue.put(None)
         with self._lock:
