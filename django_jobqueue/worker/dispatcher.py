@@ -117,14 +117,18 @@ class Dispatcher:
     def rated_room(self, load: int) -> int:
         """How many jobs counted against a rate a claim may take at this executor load.
 
-        They start ahead of the others: in the free slots, and in those that the handlers
-        running now free within half of START_WITHIN, by recent handler durations (a worker
-        busy with short jobs has no free slot when it claims, but frees one every few
-        milliseconds), less those still waiting for a slot.
+        As many as there are free slots; with none, one, if the running handlers are short
+        enough to free a slot well within START_WITHIN (it waits for it ahead of the jobs
+        prefetched): a worker busy with short jobs has no free slot when it claims, and
+        would otherwise never start a rated job while its backlog lasts.
         """
+        free = self.concurrency - load
+        if free > 0:
+            return free
         ewma = self.executor.ewma_duration
-        soon = int(self.concurrency * START_WITHIN / 2 / max(ewma, 1e-6)) if ewma else 0
-        return max(0, max(0, self.concurrency - load) + soon - self.executor.rated_waiting)
+        if ewma is None or ewma / self.concurrency > START_WITHIN / 4:
+            return 0
+        return 0 if self.executor.rated_waiting else 1
 
     def unrecorded_room(self) -> int:
         """How many more jobs may be held before the completer catches up (back-pressure).

@@ -10,7 +10,10 @@ is given back exactly once, by whoever ends the attempt: the thread or task that
 
 An attempt whose start was counted against a rate (`InFlight.start_by`) goes ahead of the
 others (a lane of its own, taken first), and starts only until then: later, it is handed back
-uncharged (`on_late`), since its rate's window no longer covers it.
+uncharged (`on_late`), since its rate's window no longer covers it. Its thread does not
+connect ahead of it (its handler's first query does, as with a pooled connection): a thread
+left idle for IDLE_CLOSE would otherwise spend its start's margin on the connect, and hand
+back every rated job it met.
 
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
@@ -138,7 +141,12 @@ class Executor:
                     if not self._handed_back_late(flight):
                         self._start_on_loop(flight)  # the slot goes with it, to its task
                     continue
-                if conn is not None and conn.connection is None and not self._connect(conn, flight):
+                if (
+                    conn is not None
+                    and conn.connection is None
+                    and flight.start_by is None  # see the module's docstring
+                    and not self._connect(conn, flight)
+                ):
                     self._finished()
                     continue
                 if self._handed_back_late(flight):
