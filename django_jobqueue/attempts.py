@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import datetime as dt
 import json
 import logging
 import threading
@@ -45,6 +46,13 @@ class InFlight:
     claimed: float  # time.monotonic() at the claim
     started: float | None = None  # time.monotonic() when the handler started
     deadline: float | None = None  # monotonic time after which the attempt is timed out
+    # Counted against a rate at its claim: its handler may start only until then (monotonic),
+    # or it is handed back uncharged (see Executor._handed_back_late). None: no rate.
+    start_by: float | None = None
+    # The rated units its claim counted ({resource: units}) and the database's time of that
+    # count: a hand-back gives them back to their windows (limits.window.give_back).
+    rated_units: dict[str, int] | None = None
+    counted_at: dt.datetime | None = None
     thread_id: int | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     settled: bool = False  # an outcome was decided (by the thread or by the timeout)

@@ -15,6 +15,7 @@ no cap of their own (with a group per tenant, thousands).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -27,6 +28,7 @@ from django.utils.module_loading import import_string
 from . import pausing, quarantine
 from .dialects.base import read_json
 from .fairplan import Demand, GroupDemand, plan
+from .limits import group_resource
 from .limits.resources import Resources
 from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, JobQuerySet, Limit
 
@@ -103,6 +105,18 @@ class FairShare:
         self._good_names: set[str] = set()
         # The groups the last claim read and how many jobs of each (quarantine.probe).
         self.last_reads: dict[str, int] = {}
+        # How many jobs counted against a rate (RATE_LIMITS, or a LIMITS rate) a claim may
+        # take: the worker's free slots, so that they start at once, never prefetched. None:
+        # no bound. Set by the worker's dispatcher before each claim.
+        self.rated_room: int | None = None
+        # The last claim's jobs counted against a rate, and the time (monotonic) before the
+        # statement whose clock recorded their starts: see Dispatcher.step.
+        self.rated_ids: set[int] = set()
+        self.counted_at = 0.0
+        # Each of those jobs' rated units ({resource: units}), and the database's time at
+        # which the claim counted them: a job handed back gives them back.
+        self.rated_units: dict[int, dict[str, int]] = {}
+        self.counted_db_at: dt.datetime | None = None
         self.idle = False
 
     def ensure_limit_rows(self, using: str) -> None:
@@ -214,6 +228,7 @@ class FairShare:
         ordered = self._ordered(ready)
         demand = self._current_demand(ready)
         self._held_retry = None
+        self.rated_ids, self.rated_units = set(), {}
         skip = tuple(self.resources.begin())  # resources found without room a moment ago
         if not self.has_limits and len(demand) <= 1:
             return list(dialect.lock(ordered).values_list("pk", flat=True)[:limit])
@@ -231,6 +246,12 @@ class FairShare:
         )
         # The room of the groups under a limit (absent: no limit); not a pass over every group.
         room = self.resources.group_rooms()
+        # A rated group's jobs start at once or not at all: at most the free slots.
+        rated = self.resources.rated_groups()
+        if self.rated_room is not None:
+            for group in rated:
+                left = room.get(group)
+                room[group] = self.rated_room if left is None else min(left, self.rated_room)
         if self.resources.held_groups:  # a limit's row held elsewhere: look again soon
             self._held_retry = time.monotonic() + HELD_RETRY
         queue_room = self.resources.queue_room()
@@ -240,12 +261,20 @@ class FairShare:
         shape = (ready, tuple(sorted(full)) if queue_room else ())
         if self.resources:
             picked = self._take_with_resources(
-                dialect, ordered, shape, limit, demand, in_flight, room, skip
+                dialect, ordered, shape, limit, demand, in_flight, room, skip, rated
             )
             rows = _trim_to_queue_room(picked, queue_room)
         else:
             picked = self._take_planned(dialect, ordered, shape, limit, demand, in_flight, room)
             rows = _trim_to_queue_room(picked, queue_room)
+            if self.rated_room is not None:
+                # Several rated groups, each within the room: the first ones in the claim take it.
+                counted = [pk for pk, _, group in rows if group in rated][: self.rated_room]
+                rows = [row for row in rows if row[2] not in rated or row[0] in counted]
+            self.rated_ids = {pk for pk, _, group in rows if group in rated}
+            self.rated_units = {
+                pk: {group_resource(group): 1} for pk, _, group in rows if group in rated
+            }
             self.resources.took(rows)
         taken: dict[str, int] = {}
         for _, _, group in rows:
@@ -266,7 +295,10 @@ class FairShare:
         held a window apart are at least that far apart in the jobs' own `started_at` too,
         however long this thread was held up between the two statements.
         """
-        self.resources.record_starts(dialect)
+        if self.resources.started():
+            # The clock read below is the database's count of these starts: after this.
+            self.counted_at = time.monotonic()
+        self.counted_db_at = self.resources.record_starts(dialect)
 
     def _take_planned(
         self,
@@ -322,6 +354,7 @@ class FairShare:
         in_flight: Mapping[str, int],
         room: Mapping[str, int | None],
         skip: tuple[str, ...],
+        rated: Collection[str],
     ) -> list[tuple[int, str, str]]:
         """`_take_planned` under LIMITS: each planned group's best jobs are locked, more than
         its slots, then taken in turn while the resources they use have room (`limits.resources`).
@@ -349,6 +382,7 @@ class FairShare:
         rows: list[tuple[int, str, str]] = []
         taken: dict[str, int] = {}
         refused = 0
+        waiting: dict[str, list[Any]] = {}  # counted against a rate, with no free slot to start
         for wanted in (slots, None):  # the planned slots, then what is left, to any group
             for group, candidates in fetched.items():
                 cap = room.get(group)
@@ -357,12 +391,22 @@ class FairShare:
                         break
                     if cap is not None and taken.get(group, 0) >= cap:
                         break
-                    pk, queue, group_key, uses = candidates.pop(0)
+                    pk, queue, group_key, uses = candidate = candidates.pop(0)
+                    counted = group_key in rated or self.resources.rated(uses)
+                    budget = self.rated_room
+                    if counted and budget is not None and len(self.rated_ids) >= budget:
+                        waiting.setdefault(group, []).append(candidate)  # stays ready
+                        continue
                     if self.resources.take(uses, group_key, queue):
                         rows.append((pk, queue, group_key))
                         taken[group] = taken.get(group, 0) + 1
+                        if counted:
+                            self.rated_ids.add(pk)
+                            self.rated_units[pk] = self.resources.rated_units(uses, group_key)
                     else:
                         refused += 1
+        for group, kept in waiting.items():  # not refused: the group is not held back
+            fetched[group] += kept
         # A group given slots whose candidates all stayed behind (none, or all refused) is
         # left out of the plan for a moment: its share goes to the groups whose jobs can
         # start. Planned again, it would take the slots of every claim and start nothing.

@@ -238,6 +238,30 @@ class Resources:
             self._derived_cache, self._derived_key = (groups, queues), key
         return self._derived_cache
 
+    def rated_groups(self) -> set[str]:
+        """The groups whose derived resource has a rate, in this claim."""
+        return {
+            name[len(GROUP) :]
+            for name, spec in self._governed.items()
+            if spec.rate and name.startswith(GROUP)
+        }
+
+    def rated(self, uses: Mapping[str, int] | None) -> bool:
+        """Whether a job that uses `uses` would count against a rate (after `open()`)."""
+        governed = self._governed
+        return any(governed[name].rate for name in uses or () if name in governed)
+
+    def rated_units(self, uses: Mapping[str, int] | None, group: str) -> dict[str, int]:
+        """The units a job of `group` that uses `uses` counts against rates (after `open()`)."""
+        governed = self._governed
+        units = {
+            name: n for name, n in (uses or {}).items() if name in governed and governed[name].rate
+        }
+        spec = governed.get(group_resource(group))
+        if spec is not None and spec.rate:
+            units[group_resource(group)] = 1
+        return units
+
     def group_rooms(self) -> dict[str, int | None]:
         """The jobs each limited group may still start in this claim (absent: no limit)."""
         return {
@@ -417,13 +441,15 @@ class Resources:
         """Whether the last claim took rate-limited units, which `record_starts` records."""
         return bool(self._started)
 
-    def record_starts(self, dialect: Dialect) -> None:
+    def record_starts(self, dialect: Dialect) -> dt.datetime | None:
         """Count the rate-limited units the last claim started, at a clock read after the
         claim stamped its jobs (so two batches the limiter held a window apart are at least
-        that far apart in the jobs' own `started_at`), and forget old windows."""
+        that far apart in the jobs' own `started_at`), and forget old windows. Return the
+        database's time of the count (None: nothing to count)."""
         periods = {name: spec.rate[1] for name, spec in self._governed.items() if spec.rate}
-        window.record(dialect, self._started, periods)
+        at = window.record(dialect, self._started, periods)
         self._started = {}
+        return at
 
 
 def _units(uses: Iterable[Mapping[str, int] | None], names: list[str]) -> dict[str, int]:

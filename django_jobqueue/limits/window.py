@@ -81,12 +81,15 @@ def read(dialect: Dialect, periods: Mapping[str, int], now: dt.datetime) -> Star
         return count(cursor.fetchall(), periods, now)
 
 
-def record(dialect: Dialect, started: Mapping[str, int], periods: Mapping[str, int]) -> None:
+def record(
+    dialect: Dialect, started: Mapping[str, int], periods: Mapping[str, int]
+) -> dt.datetime | None:
     """Record the units `started` of each rated resource at the database's clock read now, and
-    forget the rows of those resources that left their windows (one statement each)."""
+    forget the rows of those resources that left their windows; return that time (None: none
+    started)."""
     started = {name: units for name, units in started.items() if units}
     if not started:
-        return
+        return None
     now = dialect.now()
     rows = ResourceStart.objects.using(dialect.using)
     rows.bulk_create(
@@ -97,3 +100,18 @@ def record(dialect: Dialect, started: Mapping[str, int], periods: Mapping[str, i
     for name in sorted(started):
         old |= Q(resource=name, started_at__lte=now - seconds(periods[name] + MARGIN))
     rows.filter(old).delete()
+    return now
+
+
+def give_back(dialect: Dialect, units: Iterable[tuple[Mapping[str, int], dt.datetime]]) -> None:
+    """Give back units that were counted but never started (a job handed back before its
+    handler ran): one row of each resource's units, negative, at the time they were counted,
+    so that every window that counted them counts them no more."""
+    rows = [
+        ResourceStart(resource=name, started_at=at, units=-n)
+        for counted, at in units
+        for name, n in sorted(counted.items())
+        if n
+    ]
+    if rows:
+        ResourceStart.objects.using(dialect.using).bulk_create(rows)

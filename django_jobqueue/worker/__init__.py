@@ -216,6 +216,7 @@ class JobWorker:
             on_idle=self._on_idle,
             alias=dialect.using,
             on_no_connection=self._hand_back,
+            on_late=lambda flight: self._hand_back(flight, None),
             start_async=lambda flight: attempts.start_async(dialect, conf, flight),
             is_async=lambda flight: attempts.is_async(flight.job),
             sync_calls=SyncCallThreads(min(self.concurrency, conf.sync_call_threads)),
@@ -355,7 +356,9 @@ class JobWorker:
         if self.dispatcher is not None:
             self.dispatcher.stopping = True
 
-    def _hand_back(self, flight: InFlight, exc: BaseException, *, closed: bool = False) -> None:
+    def _hand_back(
+        self, flight: InFlight, exc: BaseException | None, *, closed: bool = False
+    ) -> None:
         # The executor exists before the dispatcher, which releases what is handed back.
         dispatcher = self.dispatcher
         if dispatcher is not None:

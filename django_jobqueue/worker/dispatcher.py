@@ -1,7 +1,11 @@
 """The dispatcher: the loop that claims ready jobs and hands them to the executor.
 
-It claims in batches, sized to the free handler threads plus a prefetch that only short jobs
+It claims in batches, sized to the free handler slots plus a prefetch that only short jobs
 earn, marks them `running` in the claim itself, and times out attempts past their deadline.
+Jobs whose start a claim counts against a rate are not prefetched: a claim takes only as many
+as will find a slot at once (`rated_room`), they go ahead of the others in the executor, and
+each must start within START_WITHIN of the count (`InFlight.start_by`), or it is handed back
+uncharged.
 It never renews a lease, reclaims or records an outcome: those are other duties, on other
 threads, so nothing it waits for (a locked limit row, a database backoff) can cost a lease.
 """
@@ -22,6 +26,7 @@ from ..dialects import Dialect
 from ..error_records import log_text
 from ..exceptions import JobTimeout
 from ..fairshare import FairShare
+from ..limits import window
 from . import connection_health
 from .executor import Executor
 from .flights import Flights
@@ -36,6 +41,12 @@ FIRST_IDLE_POLL = 0.05
 # While handler threads cannot connect, claims pause this long, doubling up to the maximum.
 NO_CONNECTION_PAUSE = 0.5
 NO_CONNECTION_PAUSE_MAX = 10.0
+# A job counted against a rate starts within this many seconds of the count, or is handed
+# back: half the margin by which a rate's window outlasts its period, the other half being
+# for the way from the worker's start of the attempt to the handler's first line (job_started
+# receivers; an async coroutine's first step on the event loop). So the starts of any window
+# of the period, counted at handler start, stay within the rate.
+START_WITHIN = window.MARGIN / 2
 # Back-pressure: the jobs held (claimed and not yet recorded, running or not) stay within this
 # many times the capacity. When the completer falls behind (a slow or locked database), claims
 # pause until it has caught up, so memory and held leases stay bounded.
@@ -84,7 +95,7 @@ class Dispatcher:
         self.too_many_hung = False
         self._idle_wait = FIRST_IDLE_POLL
         self._db_backoff = 0.0
-        self._handed_back: list[tuple[InFlight, BaseException, bool]] = []
+        self._handed_back: list[tuple[InFlight, BaseException | None, bool]] = []
         self._handed_back_lock = threading.Lock()
         self._paused_until = 0.0
         # Whether the last step claimed less than it had room for because too many attempts
@@ -105,6 +116,22 @@ class Dispatcher:
     def wants_work(self, load: int) -> bool:
         """Whether to claim at this executor load: a thread is idle, or half the room is free."""
         return load < self.concurrency or load <= self.capacity() // 2
+
+    def rated_room(self, load: int) -> int:
+        """How many jobs counted against a rate a claim may take at this executor load.
+
+        As many as there are free slots; with none, one, if the running handlers are short
+        enough to free a slot well within START_WITHIN (it waits for it ahead of the jobs
+        prefetched): a worker busy with short jobs has no free slot when it claims, and
+        would otherwise never start a rated job while its backlog lasts.
+        """
+        free = self.concurrency - load
+        if free > 0:
+            return free
+        ewma = self.executor.ewma_duration
+        if ewma is None or ewma / self.concurrency > START_WITHIN / 4:
+            return 0
+        return 0 if self.executor.rated_waiting else 1
 
     def unrecorded_room(self) -> int:
         """How many more jobs may be held before the completer catches up (back-pressure).
@@ -156,6 +183,7 @@ class Dispatcher:
             room = min(room, max_jobs - self.claimed)
         if room <= 0:
             return 0
+        self.fair_share.rated_room = self.rated_room(load)  # they must start at once
         self.dialect.bound_waits(self.lock_timeout, self.lease_ttl)
         jobs = leases.claim(
             self.dialect,
@@ -170,21 +198,37 @@ class Dispatcher:
         if self.tally is not None:
             self.tally.claimed(jobs)
         now = time.monotonic()
+        rated = self.fair_share.rated_ids
+        start_by = self.fair_share.counted_at + START_WITHIN
         for job in jobs:
             lease = leases.Lease(job.id, self.owner, job.attempts)
             flight = InFlight(job=job, lease=lease, claimed=now, lease_ttl=self.lease_ttl)
+            if job.id in rated:
+                flight.start_by = start_by
+                flight.rated_units = self.fair_share.rated_units.get(job.id)
+                flight.counted_at = self.fair_share.counted_db_at
             flight.renewer = self.renewer
             self.flights.add(flight)
             self.executor.submit(flight)
         self.claimed += len(jobs)
         return len(jobs)
 
-    # -- attempts whose handler thread could not connect ---------------------------------------
+    # -- attempts handed back unstarted (no connection, or too late for their rate) ----------
 
-    def hand_back(self, flight: InFlight, exc: BaseException, *, closed: bool = False) -> None:
-        """Take back an attempt that never started for want of a connection, or (`closed`)
-        whose handler met a connection the server had closed before it touched it (any
-        thread)."""
+    def hand_back(
+        self, flight: InFlight, exc: BaseException | None, *, closed: bool = False
+    ) -> None:
+        """Take back an attempt that never started (any thread): for want of a connection
+        (`exc`), or (None) too late for the rate its start was counted against; or
+        (`closed`) whose handler met a connection the server had closed before it touched
+        it."""
+        if exc is None:
+            late = time.monotonic() - (flight.start_by or 0.0) + START_WITHIN
+            logger.warning(
+                "Job id=%s would have started %.3fs after its start was counted against a "
+                "rate (the most is %ss): handed back without charging an attempt",
+                flight.job.pk, late, START_WITHIN,
+            )  # fmt: skip
         with self._handed_back_lock:
             self._handed_back.append((flight, exc, closed))
         wake.wake_up()
@@ -194,8 +238,8 @@ class Dispatcher:
         return time.monotonic() < self._paused_until
 
     def release_handed_back(self) -> None:
-        """Release the handed-back attempts uncharged (this connection works); pause claims if
-        handler threads could not connect.
+        """Release the handed-back attempts uncharged (this connection works), and pause
+        claims if a handler thread could not connect.
 
         The heartbeat keeps their leases until then; a database error leaves them for the
         next step.
@@ -210,6 +254,9 @@ class Dispatcher:
         for flight, _, _ in taken:
             self.flights.remove(flight)
             flight.recorded = True
+        # The units the late ones' claims counted, never used: back to their windows.
+        unused = [(f.rated_units, f.counted_at) for f, exc, _ in taken if exc is None]
+        window.give_back(self.dialect, [(u, at) for u, at in unused if u and at is not None])
         closed = [(f, exc) for f, exc, was_closed in taken if was_closed]
         if closed:
             # The server is (most likely) back: the threads reconnected, no pause is needed.
@@ -218,7 +265,9 @@ class Dispatcher:
                 "touching the database: handed back without charging an attempt (%s)",
                 len(closed), closed[-1][1], ", ".join(str(f.job.pk) for f, _ in closed),
             )  # fmt: skip
-        refused = [(f, exc) for f, exc, was_closed in taken if not was_closed]
+        # Late for their rate (no error), or their connection closed: the connections are
+        # not to blame, no pause.
+        refused = [(f, exc) for f, exc, was_closed in taken if exc is not None and not was_closed]
         if not refused:
             return
         failures = max(1, self.executor.connect_failures)

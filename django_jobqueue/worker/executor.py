@@ -1,9 +1,19 @@
 """The executor: threads that run handlers; a timed-out thread is abandoned and replaced.
 
-An async handler's attempt is started by a thread and then runs as a task on the worker's
-event loop (`eventloop`): the thread goes straight back for the next job, and the task's end
-gives its slot back. Each slot (`load`) is given back exactly once, by whoever ends it: the
-thread or task that ran it, or `abandon()`.
+A thread takes a handler slot (`slots`) before it takes an attempt: at most `--concurrency`
+handlers run at once, sync and async together, and attempts claimed ahead (prefetch) wait in
+the queue, unstarted, for a slot. An async handler's attempt is started by a thread and then
+runs as a task on the worker's event loop (`eventloop`), with the thread's slot: the thread
+goes back for another slot, and the task's end gives its slot back. Each slot (and its `load`)
+is given back exactly once, by whoever ends the attempt: the thread or task that ran it, or
+`abandon()`.
+
+An attempt whose start was counted against a rate (`InFlight.start_by`) goes ahead of the
+others (a lane of its own, taken first), and starts only until then: later, it is handed back
+uncharged (`on_late`), since its rate's window no longer covers it. Its thread does not
+connect ahead of it (its handler's first query does, as with a pooled connection): a thread
+left idle for IDLE_CLOSE would otherwise spend its start's margin on the connect, and hand
+back every rated job it met.
 
 A thread connects to the queue database before it calls a handler: when the server refuses
 the connection (max_connections, say), the attempt is handed back uncharged rather than failed
@@ -35,6 +45,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..attempts import InFlight, Outcome
 from . import connection_health, connection_pool
 from .eventloop import EventLoop
+from .slots import Slots
 
 if TYPE_CHECKING:
     from .sync_calls import SyncCallThreads
@@ -49,6 +60,13 @@ CONNECT_RETRIES = (0.1, 0.3)
 # Seconds without a tick of the event loop, after an async attempt was timed out, for that
 # attempt to count as stuck (a loop that runs ticks every eventloop.TICK).
 LOOP_STUCK = 1.0
+
+
+class _Lane:
+    """The mark, in the queue, of an attempt put in the lane (it wakes a waiting thread)."""
+
+
+LANE = _Lane()
 
 
 class Executor:
@@ -67,6 +85,7 @@ class Executor:
         on_idle: Callable[[int], None],
         alias: str | None = None,
         on_no_connection: Callable[..., None] | None = None,
+        on_late: Callable[[InFlight], None] | None = None,
         start_async: Callable[[InFlight], Coroutine[Any, Any, Outcome | None] | None] | None = None,
         is_async: Callable[[InFlight], bool] | None = None,
         sync_calls: SyncCallThreads | None = None,
@@ -90,13 +109,16 @@ class Executor:
         # POOL_RETURN = "query": a pooled connection goes back after each query, not each job.
         self._return_after_queries = return_after_queries
         self._on_no_connection = on_no_connection
+        self._on_late = on_late  # a rated attempt past its start_by, settled: hand it back
         self.connect_failures = 0  # attempts handed back in a row for want of a connection
         # (job id, attempt) of the attempts handed back for a closed connection: each once per
         # process, so a handler that idles past the server's idle timeout is charged in time.
         self._spared: set[tuple[int, int]] = set()
-        self._queue: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self._queue: queue_module.SimpleQueue[InFlight | _Lane | None] = queue_module.SimpleQueue()
+        self._lane: queue_module.SimpleQueue[InFlight] = queue_module.SimpleQueue()  # rated
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self.slots = Slots(size)
         self.load = 0
         self.abandoned: list[threading.Thread] = []
         self.ewma_duration: float | None = None  # seconds a handler takes, recent average
@@ -121,15 +143,25 @@ class Executor:
             conn = None  # a pooled connection is borrowed by the job's first query, not before
         try:
             while True:
+                self._take_slot()
                 flight = self._next()
                 if flight is None:
+                    self.slots.give_back()
                     return
                 connection_health.refresh(self._aliases)  # pings only after database trouble
                 if self._is_async is not None and self._is_async(flight):
-                    self._start_on_loop(flight)
+                    if not self._handed_back_late(flight):
+                        self._start_on_loop(flight)  # the slot goes with it, to its task
                     continue
-                if conn is not None and conn.connection is None and not self._connect(conn, flight):
+                if (
+                    conn is not None
+                    and conn.connection is None
+                    and flight.start_by is None  # see the module's docstring
+                    and not self._connect(conn, flight)
+                ):
                     self._finished()
+                    continue
+                if self._handed_back_late(flight):
                     continue
                 outcome = None
                 if probe is not None:
@@ -220,13 +252,49 @@ class Executor:
         if mine:
             self._finished()
 
-    def _next(self) -> InFlight | None:
-        """The next attempt to run; this thread's connections are closed while none comes."""
-        try:
-            return self._queue.get(timeout=IDLE_CLOSE)
-        except queue_module.Empty:
+    def _take_slot(self) -> None:
+        """Wait for a free handler slot; this thread's connections are closed while none comes
+        (async jobs may hold every slot for long)."""
+        if not self.slots.take(IDLE_CLOSE):
             connections.close_all()  # this thread's only
-            return self._queue.get()
+            self.slots.take()
+
+    def _handed_back_late(self, flight: InFlight) -> bool:
+        """Hand back `flight` if it would start past its `start_by`; return whether it did.
+
+        Its start was counted against a rate when it was claimed, and the rate's window holds
+        a start for only so long: started later, it could be the rate's N+1st start in some
+        window. It goes back to `ready` uncharged, to be claimed (and counted) again.
+        """
+        start_by = flight.start_by
+        if start_by is None or self._on_late is None or time.monotonic() <= start_by:
+            return False
+        if flight.settle():  # not released by a shutdown meanwhile
+            self._on_late(flight)
+        self._finished()
+        return True
+
+    def _next(self) -> InFlight | None:
+        """The next attempt to run, the lane's first; this thread's connections are closed
+        while none comes."""
+        while True:
+            if not self._lane.empty():
+                try:
+                    return self._lane.get_nowait()
+                except queue_module.Empty:  # another thread took it meanwhile
+                    pass
+            try:
+                item = self._queue.get(timeout=IDLE_CLOSE)
+            except queue_module.Empty:
+                connections.close_all()  # this thread's only
+                item = self._queue.get()
+            if not isinstance(item, _Lane):
+                return item
+
+    @property
+    def rated_waiting(self) -> int:
+        """How many attempts counted against a rate wait for a slot (in the lane)."""
+        return self._lane.qsize()
 
     def _connect(self, conn: BaseDatabaseWrapper, flight: InFlight) -> bool:
         """Open this thread's queue connection, trying a few times; False: handed back."""
@@ -279,6 +347,9 @@ class Executor:
         self.ewma_duration = duration if ewma is None else ewma + 0.1 * (duration - ewma)
 
     def _finished(self) -> None:
+        """An attempt that had a slot is over (or was abandoned, or handed back): free its
+        slot, then its place in `load` (the dispatcher claims for the free slot it sees)."""
+        self.slots.give_back()
         with self._lock:
             self.load -= 1
             load = self.load
@@ -287,21 +358,26 @@ class Executor:
     def submit(self, flight: InFlight) -> None:
         with self._lock:
             self.load += 1
-        self._queue.put(flight)
+        if flight.start_by is None:
+            self._queue.put(flight)
+        else:
+            self._lane.put(flight)
+            self._queue.put(LANE)
 
     def take_unstarted(self) -> list[InFlight]:
         """Remove the attempts no thread has started yet, and return them (shutdown)."""
         taken: list[InFlight] = []
         put_back = 0
-        while True:
-            try:
-                flight = self._queue.get_nowait()
-            except queue_module.Empty:
-                break
-            if flight is None:
-                put_back += 1
-                continue
-            taken.append(flight)
+        for waiting in (self._lane, self._queue):
+            while True:
+                try:
+                    flight = waiting.get_nowait()
+                except queue_module.Empty:
+                    break
+                if flight is None:
+                    put_back += 1
+                elif not isinstance(flight, _Lane):
+                    taken.append(flight)
         for _ in range(put_back):
             self._queue.put(None)
         with self._lock:

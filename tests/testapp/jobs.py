@@ -292,3 +292,44 @@ async def async_orm_threads(seconds: float = 1.0) -> dict[str, Any]:
     await asyncio.sleep(seconds)
     after = await sync_to_async(where, thread_sensitive=True)()
     return {"before": before, "after": after}
+
+
+# The handlers of this process running now, sync and async together (test.count_running*).
+_running = 0
+_running_lock = threading.Lock()
+
+
+def _enter_running() -> int:
+    global _running
+    with _running_lock:
+        _running += 1
+        return _running
+
+
+def _leave_running() -> None:
+    global _running
+    with _running_lock:
+        _running -= 1
+
+
+@jobqueue.handler("test.count_running_async")
+async def count_running_async(seconds: float = 0.01) -> int:
+    """Return how many handlers of this process were running as this one started, itself
+    included (the largest of these over a run is the most that ran at once)."""
+    running = _enter_running()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        _leave_running()
+    return running
+
+
+@jobqueue.handler("test.count_running_sync")
+def count_running_sync(seconds: float = 0.01) -> int:
+    """test.count_running_async's sync twin, counted with it."""
+    running = _enter_running()
+    try:
+        time.sleep(seconds)
+    finally:
+        _leave_running()
+    return running
