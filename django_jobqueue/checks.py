@@ -6,8 +6,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
 
 from . import conf
 from .dialects import get_dialect
@@ -16,13 +14,11 @@ from .exceptions import UnsupportedDatabaseError
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: JOBQUEUE must be valid.  E003: USE_TZ must be on.  E004: DYNAMIC_LIMIT imports."""
-    errors: list[checks.CheckMessage] = []
-    try:
-        loaded = conf.load()
-    except ImproperlyConfigured as exc:
-        errors.append(checks.Error(str(exc), id="django_jobqueue.E001"))
-        loaded = None
+    """E001: each bad value of JOBQUEUE.  E003: USE_TZ must be on.  E004: DYNAMIC_LIMIT imports."""
+    found, usable = conf.examine()
+    errors: list[checks.CheckMessage] = [
+        checks.Error(p.message, hint=p.hint, id="django_jobqueue.E001") for p in found
+    ]
     if not settings.USE_TZ:
         errors.append(
             checks.Error(
@@ -33,24 +29,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_jobqueue.E003",
             )
         )
-    if loaded is not None and isinstance(loaded.dynamic_limit, str):
-        try:
-            func = import_string(loaded.dynamic_limit)
-        except ImportError as exc:
-            errors.append(
-                checks.Error(
-                    f"JOBQUEUE['DYNAMIC_LIMIT'] {loaded.dynamic_limit!r} cannot be imported: {exc}",
-                    id="django_jobqueue.E004",
-                )
-            )
-        else:
-            if not callable(func):
-                errors.append(
-                    checks.Error(
-                        f"JOBQUEUE['DYNAMIC_LIMIT'] {loaded.dynamic_limit!r} is not callable.",
-                        id="django_jobqueue.E004",
-                    )
-                )
+    errors += [
+        checks.Error(message, id="django_jobqueue.E004")
+        for message in conf.dynamic_limit_problems(usable)
+    ]
     return errors
 
 
@@ -59,10 +41,10 @@ def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """E002: MySQL/MariaDB too old for SKIP LOCKED.  W001/W002: SQLite not WAL / not IMMEDIATE."""
-    try:
-        using = conf.load().database
-    except ImproperlyConfigured:
-        return []  # reported by E001
+    found, usable = conf.examine()
+    if any(p.setting.upper() in ("", "DATABASE") for p in found):
+        return []  # the queue database is unknown: E001 says why
+    using = usable.database
     if not databases or using not in databases:
         return []
     return [*_server_messages(using), *_unhandled_work(using)]
@@ -119,8 +101,8 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     """E010: each entry of JOBQUEUE["SCHEDULES"] must be valid (handler, cron, time zone...)."""
     from . import schedules
 
-    try:
-        conf.load()
-    except ImproperlyConfigured:
-        return []  # reported by E001
-    return [checks.Error(problem, id="django_jobqueue.E010") for problem in schedules.problems()]
+    # Checked against the settings without their bad values, which E001 reports.
+    _, usable = conf.examine()
+    return [
+        checks.Error(message, id="django_jobqueue.E010") for message in schedules.problems(usable)
+    ]

@@ -1,14 +1,22 @@
-"""One place that reads ``settings.JOBQUEUE``, with typed defaults."""
+"""One place that reads ``settings.JOBQUEUE``, with typed defaults, and checks it.
+
+Each section of the settings (the durations, the counts and switches, the databases, the group
+limits, LIMITS, the shape of SCHEDULES, RETENTION) checks its own keys and yields one Problem
+per bad value: system check E001 reports them all at once, and `load()` raises them together.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import difflib
 import re
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .exceptions import InvalidJobError
 from .validation import check_label, finite, name_problem
@@ -100,37 +108,91 @@ MAX_INTERVAL = 1_000_000.0
 _FIELDS = {f.name: f for f in dataclasses.fields(JobQueueSettings)}
 
 
+class Problem(NamedTuple):
+    """One bad value of ``settings.JOBQUEUE``: what system check E001 reports, each on its own."""
+
+    setting: str  # the key ("LEASE_TTL"); "" when JOBQUEUE as a whole is bad
+    message: str  # names the setting (and the entry): the text ImproperlyConfigured carries
+    entry: tuple[Any, ...] = ()  # (key,) when one entry of a dict-valued setting is bad
+    hint: str | None = None
+
+
 def load(raw: dict[str, Any] | None = None) -> JobQueueSettings:
-    """Build the settings from a ``JOBQUEUE`` dict, raising ImproperlyConfigured on bad values."""
+    """Build the settings from a ``JOBQUEUE`` dict, raising ImproperlyConfigured on bad values.
+
+    The error lists every bad value, as the system checks do (with one, its message alone).
+    """
+    loaded, found = _read(raw)
+    if loaded is not None:
+        found.extend(_problems(loaded))
+    if found:
+        raise ImproperlyConfigured(_one_message([p.message for p in found]))
+    assert loaded is not None  # no problem: JOBQUEUE was a dict
+    return loaded
+
+
+def _one_message(messages: list[str]) -> str:
+    """The message of one problem as it is, or a list of several."""
+    if len(messages) == 1:
+        return messages[0]
+    listed = "".join(f"\n- {message}" for message in messages)
+    return f"settings.JOBQUEUE has {len(messages)} problems:{listed}"
+
+
+def examine(raw: Any = None) -> tuple[list[Problem], JobQueueSettings]:
+    """Return every problem of ``JOBQUEUE``, and the settings with the bad values left out.
+
+    In those settings a bad setting has its default and a bad entry of a dict-valued one is
+    dropped: the checks of what reads the settings (each schedule's, E010) compare against
+    them, so that they report their own problems while E001 reports these.
+    """
+    loaded, found = _read(raw)
+    if loaded is None:
+        return found, JobQueueSettings()
+    found.extend(_problems(loaded))
+    defaults, whole = JobQueueSettings(), {p.setting.lower() for p in found if not p.entry}
+    changes = {name: getattr(defaults, name) for name in whole if name in _FIELDS}
+    for problem in found:
+        name = problem.setting.lower()
+        if problem.entry and name not in whole:  # an entry of a dict: the others are kept
+            kept = changes.get(name, getattr(loaded, name))
+            changes[name] = {k: v for k, v in kept.items() if k is not problem.entry[0]}
+    return found, dataclasses.replace(loaded, **changes)
+
+
+def _read(raw: Any) -> tuple[JobQueueSettings | None, list[Problem]]:
+    """The settings a JOBQUEUE dict sets (unchecked), and its unknown keys as problems."""
     if raw is None:
         raw = getattr(settings, "JOBQUEUE", {}) or {}
     if not isinstance(raw, dict):
-        raise ImproperlyConfigured("settings.JOBQUEUE must be a dict.")
+        return None, [Problem("", "settings.JOBQUEUE must be a dict.")]
     values: dict[str, Any] = {}
+    found = []
     for key, value in raw.items():
         name = key.lower() if isinstance(key, str) else ""
-        if not name or not key.isupper() or name not in _FIELDS:
-            known = ", ".join(sorted(n.upper() for n in _FIELDS))
-            raise ImproperlyConfigured(f"Unknown JOBQUEUE setting {key!r}; known: {known}.")
-        values[name] = value
-    conf = JobQueueSettings(**values)
-    _validate(conf)
-    return conf
-
-
-def _validate(conf: JobQueueSettings) -> None:
-    def positive(name: str, allow_none: bool = False) -> None:
-        value = getattr(conf, name)
-        if value is None and allow_none:
-            return
-        if not finite(value) or value <= 0:
-            raise ImproperlyConfigured(f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
-        if name != "timeout" and value > MAX_INTERVAL:
-            raise ImproperlyConfigured(
-                f"JOBQUEUE[{name.upper()!r}] must be at most {MAX_INTERVAL:,.0f} seconds "
-                f"(about 11.6 days), not {value!r}."
+        if name and key.isupper() and name in _FIELDS:
+            values[name] = value
+            continue
+        known = [n.upper() for n in _FIELDS]
+        close = difflib.get_close_matches(str(key).upper(), known, n=1)
+        found.append(
+            Problem(
+                str(key),
+                f"Unknown JOBQUEUE setting {key!r}; known: {', '.join(sorted(known))}.",
+                hint=f"Did you mean {close[0]!r}?" if close else None,
             )
+        )
+    return JobQueueSettings(**values), found
 
+
+def _problems(conf: JobQueueSettings) -> Iterator[Problem]:
+    """Every bad value of `conf`, section by section (each checks only its own keys)."""
+    for section in SECTIONS:
+        yield from section(conf)
+
+
+def _times(conf: JobQueueSettings) -> Iterator[Problem]:
+    """The durations: intervals, timeouts, and the heartbeat that must fit twice in the lease."""
     for name in (
         "lease_ttl",
         "heartbeat_interval",
@@ -140,10 +202,38 @@ def _validate(conf: JobQueueSettings) -> None:
         "reclaim_interval",
         "fair_share_refresh",
         "lock_timeout",
+        "timeout",
+        "open_container_timeout",
     ):
-        positive(name)
-    positive("timeout", allow_none=True)
-    positive("open_container_timeout", allow_none=True)
+        value = getattr(conf, name)
+        if value is None and name in ("timeout", "open_container_timeout"):
+            continue
+        if not finite(value) or value <= 0:
+            yield Problem(name.upper(), f"JOBQUEUE[{name.upper()!r}] must be a positive number.")
+        elif name != "timeout" and value > MAX_INTERVAL:
+            yield Problem(
+                name.upper(),
+                f"JOBQUEUE[{name.upper()!r}] must be at most {MAX_INTERVAL:,.0f} seconds "
+                f"(about 11.6 days), not {value!r}.",
+            )
+    if not finite(conf.shutdown_timeout) or not 0 <= conf.shutdown_timeout <= MAX_INTERVAL:
+        yield Problem(
+            "SHUTDOWN_TIMEOUT",
+            "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
+            f"{MAX_INTERVAL:,.0f} (about 11.6 days).",
+        )
+    lease, beat = conf.lease_ttl, conf.heartbeat_interval
+    # Compared only when both are good: each bad one has its own message above.
+    if all(finite(v) and 0 < v <= MAX_INTERVAL for v in (lease, beat)) and beat * 2 > lease:
+        yield Problem(
+            "HEARTBEAT_INTERVAL",
+            "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
+            "so one missed heartbeat does not lose a live lease.",
+        )
+
+
+def _core(conf: JobQueueSettings) -> Iterator[Problem]:
+    """The counts, the switches and the default queue."""
     for name in (
         "max_attempts",
         "reclaim_batch",
@@ -154,117 +244,218 @@ def _validate(conf: JobQueueSettings) -> None:
     ):
         value = getattr(conf, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
-            raise ImproperlyConfigured(
-                f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
-            )
-    if not finite(conf.shutdown_timeout) or not 0 <= conf.shutdown_timeout <= MAX_INTERVAL:
-        raise ImproperlyConfigured(
-            "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
-            f"{MAX_INTERVAL:,.0f} (about 11.6 days)."
-        )
-    for name in ("group_limits", "queue_limits"):
-        limits = getattr(conf, name)
-        # The names are stored in a 255-character column (Limit.name, "group:<name>").
-        if not isinstance(limits, dict) or not all(
-            name_problem(k, 200) is None
-            and isinstance(v, int)
-            and not isinstance(v, bool)
-            and 1 <= v <= INT_MAX
-            for k, v in limits.items()
-        ):
-            raise ImproperlyConfigured(
-                f"JOBQUEUE[{name.upper()!r}] must map names of 1 to 200 characters (no "
-                f"control characters) to integers from 1 to {INT_MAX}."
+            yield Problem(
+                name.upper(), f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
             )
     if conf.pool_return not in ("job", "query"):
-        raise ImproperlyConfigured("JOBQUEUE['POOL_RETURN'] must be 'job' or 'query'.")
+        yield Problem("POOL_RETURN", "JOBQUEUE['POOL_RETURN'] must be 'job' or 'query'.")
     if not isinstance(conf.maintenance, bool):
-        raise ImproperlyConfigured("JOBQUEUE['MAINTENANCE'] must be True or False.")
+        yield Problem("MAINTENANCE", "JOBQUEUE['MAINTENANCE'] must be True or False.")
     if isinstance(conf.prefetch, bool) or not isinstance(conf.prefetch, int) or conf.prefetch < 0:
-        raise ImproperlyConfigured("JOBQUEUE['PREFETCH'] must be an integer >= 0.")
-    if conf.dynamic_limit is not None and not (
-        callable(conf.dynamic_limit) or isinstance(conf.dynamic_limit, str)
-    ):
-        raise ImproperlyConfigured(
-            "JOBQUEUE['DYNAMIC_LIMIT'] must be a callable or the dotted path of one."
-        )
-    if not isinstance(conf.database, str):
-        raise ImproperlyConfigured(
-            f"JOBQUEUE['DATABASE'] must be a database alias (a string), not {conf.database!r}."
-        )
-    if not isinstance(conf.schedules, dict) or not all(
-        isinstance(k, str) and isinstance(v, dict) for k, v in conf.schedules.items()
-    ):
-        raise ImproperlyConfigured(
-            "JOBQUEUE['SCHEDULES'] must map schedule names to dicts (each checked by the "
-            "system checks, django_jobqueue.E010)."
-        )
-    if not isinstance(conf.rate_limits, dict):
-        raise ImproperlyConfigured("JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
-    for group, rate in conf.rate_limits.items():
-        # A group's rate has a lock row named "group:<name>" in a 255-character column, as a
-        # GROUP_LIMITS entry has: the same 200 characters at most.
-        problem = name_problem(group, 200)
-        if problem:
-            raise ImproperlyConfigured(
-                "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters, without "
-                f"control characters, to 'N/s', 'N/m' or 'N/h': a group name {problem}."
-            )
-        parse_rate(group, rate)
-    from .limits import derived, find, parse_limits  # limits reads parse_rate from here
-
-    entries = parse_limits(conf.limits)
-    # GROUP_LIMITS, RATE_LIMITS and QUEUE_LIMITS are the resources "group:<name>" and
-    # "queue:<name>" of the same engine: a LIMITS entry of such a name would count them twice.
-    for name in derived(conf):
-        found = find(name, entries)
-        if found is not None:
-            setting = "QUEUE_LIMITS" if name.startswith("queue:") else "GROUP_LIMITS/RATE_LIMITS"
-            raise ImproperlyConfigured(
-                f"JOBQUEUE['LIMITS'][{found[0]!r}] governs {name!r}, the resource of "
-                f"JOBQUEUE[{setting!r}]; give that limit in one place."
-            )
+        yield Problem("PREFETCH", "JOBQUEUE['PREFETCH'] must be an integer >= 0.")
     if conf.schedule_clock is not None and not (
         callable(conf.schedule_clock) or isinstance(conf.schedule_clock, str)
     ):
-        raise ImproperlyConfigured(
-            "JOBQUEUE['SCHEDULE_CLOCK'] must be a callable or the dotted path of one."
+        yield Problem(
+            "SCHEDULE_CLOCK",
+            "JOBQUEUE['SCHEDULE_CLOCK'] must be a callable or the dotted path of one.",
         )
-    _validate_retention(conf.retention)
-    if conf.heartbeat_interval * 2 > conf.lease_ttl:
-        raise ImproperlyConfigured(
-            "JOBQUEUE['HEARTBEAT_INTERVAL'] must be at most half of JOBQUEUE['LEASE_TTL'], "
-            "so one missed heartbeat does not lose a live lease."
-        )
-    if conf.database not in settings.DATABASES:
-        raise ImproperlyConfigured(
-            f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES."
-        )
-    if conf.listen_database is not None and (
-        not isinstance(conf.listen_database, str) or conf.listen_database not in settings.DATABASES
-    ):
-        raise ImproperlyConfigured(
-            f"JOBQUEUE['LISTEN_DATABASE'] is {conf.listen_database!r}, which is not an alias in "
-            "settings.DATABASES (it names the connection, straight to the queue's PostgreSQL "
-            "database, that the workers LISTEN on; leave it out to use JOBQUEUE['DATABASE'])."
-        )
-    if conf.listen_database is not None:
-        from django.db import connections
-
-        listen, queue = connections[conf.listen_database].vendor, connections[conf.database].vendor
-        if listen != queue:
-            raise ImproperlyConfigured(
-                f"JOBQUEUE['LISTEN_DATABASE'] is {conf.listen_database!r}, a {listen} database, "
-                f"but the queue database {conf.database!r} is {queue}: it must be another alias "
-                "of the same database."
-            )
     try:  # the checks enqueue() makes of a queue name: every enqueue would fail otherwise
         check_label("queue", conf.default_queue, 100)
     except InvalidJobError as exc:
-        raise ImproperlyConfigured(
+        yield Problem(
+            "DEFAULT_QUEUE",
             "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty string of at most 100 characters, "
-            f"without NUL or control characters: {exc}"
-        ) from None
+            f"without NUL or control characters: {exc}",
+        )
+
+
+def _databases(conf: JobQueueSettings) -> Iterator[Problem]:
+    """DATABASE and LISTEN_DATABASE: aliases of settings.DATABASES, of one database."""
+    database_ok = False
+    if not isinstance(conf.database, str):
+        yield Problem(
+            "DATABASE",
+            f"JOBQUEUE['DATABASE'] must be a database alias (a string), not {conf.database!r}.",
+        )
+    elif conf.database not in settings.DATABASES:
+        yield Problem(
+            "DATABASE",
+            f"JOBQUEUE['DATABASE'] is {conf.database!r}, which is not in settings.DATABASES.",
+        )
+    else:
+        database_ok = True
+    listen = conf.listen_database
+    if listen is None:
+        return
+    if not isinstance(listen, str) or listen not in settings.DATABASES:
+        yield Problem(
+            "LISTEN_DATABASE",
+            f"JOBQUEUE['LISTEN_DATABASE'] is {listen!r}, which is not an alias in "
+            "settings.DATABASES (it names the connection, straight to the queue's PostgreSQL "
+            "database, that the workers LISTEN on; leave it out to use JOBQUEUE['DATABASE']).",
+        )
+    elif database_ok:
+        from django.db import connections
+
+        vendor, queue = connections[listen].vendor, connections[conf.database].vendor
+        if vendor != queue:
+            yield Problem(
+                "LISTEN_DATABASE",
+                f"JOBQUEUE['LISTEN_DATABASE'] is {listen!r}, a {vendor} database, but the "
+                f"queue database {conf.database!r} is {queue}: it must be another alias of the "
+                "same database.",
+            )
+
+
+def _group_limits(conf: JobQueueSettings) -> Iterator[Problem]:
+    """GROUP_LIMITS, QUEUE_LIMITS, RATE_LIMITS and DYNAMIC_LIMIT: one message per bad entry."""
+    for name in ("GROUP_LIMITS", "QUEUE_LIMITS"):
+        limits = getattr(conf, name.lower())
+        rule = (
+            f"JOBQUEUE[{name!r}] must map names of 1 to 200 characters (no control characters) "
+            f"to integers from 1 to {INT_MAX}"
+        )
+        if not isinstance(limits, dict):
+            yield Problem(name, f"{rule}.")
+            continue
+        for key, value in limits.items():
+            # The names are stored in a 255-character column (ConcurrencyLimit.key, "group:<name>").
+            problem = name_problem(key, 200)
+            if problem:
+                yield Problem(name, f"{rule}: a name {problem}.", (key,))
+            elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+                yield Problem(name, f"{rule}: {key!r} maps to {value!r}.", (key,))
+    if not isinstance(conf.rate_limits, dict):
+        yield Problem("RATE_LIMITS", "JOBQUEUE['RATE_LIMITS'] must map group names to 'N/period'.")
+    else:
+        for group, rate in conf.rate_limits.items():
+            # A group's rate has a lock row named "group:<name>" in a 255-character column, as
+            # a GROUP_LIMITS entry has: the same 200 characters at most.
+            problem = name_problem(group, 200)
+            if problem:
+                yield Problem(
+                    "RATE_LIMITS",
+                    "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters, "
+                    "without control characters, to 'N/s', 'N/m' or 'N/h': a group name "
+                    f"{problem}.",
+                    (group,),
+                )
+                continue
+            try:
+                parse_rate(group, rate)
+            except ImproperlyConfigured as exc:
+                yield Problem("RATE_LIMITS", str(exc), (group,))
+    if conf.dynamic_limit is not None and not (
+        callable(conf.dynamic_limit) or isinstance(conf.dynamic_limit, str)
+    ):
+        yield Problem(
+            "DYNAMIC_LIMIT",
+            "JOBQUEUE['DYNAMIC_LIMIT'] must be a callable or the dotted path of one.",
+        )
+
+
+def _limits(conf: JobQueueSettings) -> Iterator[Problem]:
+    """LIMITS, as the limits engine reads it: one message per bad entry, and one per entry
+    that governs a resource GROUP_LIMITS, RATE_LIMITS or QUEUE_LIMITS derives."""
+    from .limits import derived, find, limits_problems, parse_spec  # they read parse_rate
+
+    if not isinstance(conf.limits, dict):
+        yield from (Problem("LIMITS", m) for m in limits_problems(conf.limits))
+        return
+    good = {}
+    for name, value in conf.limits.items():  # entry by entry, to say which one each is
+        problems = [Problem("LIMITS", m, (name,)) for m in limits_problems({name: value})]
+        yield from problems
+        if not problems:
+            good[name] = parse_spec(name, value)
+    # "group:<name>" and "queue:<name>" are the resources of the older settings: a LIMITS
+    # entry of such a name would count their jobs twice.
+    try:
+        shorthands = derived(conf)
+    except ImproperlyConfigured:  # their own messages say what is wrong with them
+        return
+    for resource in shorthands:
+        found = find(resource, good)
+        if found is not None:
+            setting = (
+                "QUEUE_LIMITS" if resource.startswith("queue:") else "GROUP_LIMITS/RATE_LIMITS"
+            )
+            yield Problem(
+                "LIMITS",
+                f"JOBQUEUE['LIMITS'][{found[0]!r}] governs {resource!r}, the resource of "
+                f"JOBQUEUE[{setting!r}]; give that limit in one place.",
+                (found[0],),
+            )
+
+
+def _schedules(conf: JobQueueSettings) -> Iterator[Problem]:
+    """The shape of SCHEDULES; each schedule is checked on its own (schedules.py, E010)."""
+    rule = (
+        "JOBQUEUE['SCHEDULES'] must map schedule names to dicts (each checked by the system "
+        "checks, django_jobqueue.E010)"
+    )
+    if not isinstance(conf.schedules, dict):
+        yield Problem("SCHEDULES", f"{rule}.")
+        return
+    for name, value in conf.schedules.items():
+        if not isinstance(name, str):
+            yield Problem("SCHEDULES", f"{rule}: the name {name!r} is not a string.", (name,))
+        elif not isinstance(value, dict):
+            yield Problem("SCHEDULES", f"{rule}: {name!r} maps to {value!r}.", (name,))
+
+
+def _retention(conf: JobQueueSettings) -> Iterator[Problem]:
+    """RETENTION: final states and their ages."""
+    if not isinstance(conf.retention, dict):
+        yield Problem(
+            "RETENTION",
+            "JOBQUEUE['RETENTION'] must map final states (done, cancelled, dead) to ages.",
+        )
+        return
+    for state, age in conf.retention.items():
+        if state not in FINAL_STATES:
+            yield Problem(
+                "RETENTION",
+                f"JOBQUEUE['RETENTION'] names {state!r}, which is not a final state "
+                f"({', '.join(FINAL_STATES)}).",
+                (state,),
+            )
+        elif age is not None:
+            try:
+                parse_age(age)
+            except ValueError as exc:
+                yield Problem("RETENTION", f"JOBQUEUE['RETENTION'][{state!r}]: {exc}", (state,))
+
+
+# In the order their problems are listed (after the unknown keys).
+SECTIONS: tuple[Callable[[JobQueueSettings], Iterable[Problem]], ...] = (
+    _times,
+    _core,
+    _databases,
+    _group_limits,
+    _limits,
+    _schedules,
+    _retention,
+)
+
+
+def dynamic_limit_problems(conf: JobQueueSettings) -> Iterator[str]:
+    """Why a dotted DYNAMIC_LIMIT does not give a callable (E004).
+
+    Only the system checks import it here: validating the settings never does (a worker
+    imports it when it starts).
+    """
+    path = conf.dynamic_limit
+    if not isinstance(path, str):
+        return
+    try:
+        func = import_string(path)
+    except ImportError as exc:
+        yield f"JOBQUEUE['DYNAMIC_LIMIT'] {path!r} cannot be imported: {exc}"
+    else:
+        if not callable(func):
+            yield f"JOBQUEUE['DYNAMIC_LIMIT'] {path!r} is not callable."
 
 
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
@@ -286,24 +477,6 @@ def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[
             f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length)."
         )
     return int(count), RATE_PERIODS[period]
-
-
-def _validate_retention(retention: Any) -> None:
-    if not isinstance(retention, dict):
-        raise ImproperlyConfigured(
-            "JOBQUEUE['RETENTION'] must map final states (done, cancelled, dead) to ages."
-        )
-    for state, age in retention.items():
-        if state not in FINAL_STATES:
-            raise ImproperlyConfigured(
-                f"JOBQUEUE['RETENTION'] names {state!r}, which is not a final state "
-                f"({', '.join(FINAL_STATES)})."
-            )
-        if age is not None:
-            try:
-                parse_age(age)
-            except ValueError as exc:
-                raise ImproperlyConfigured(f"JOBQUEUE['RETENTION'][{state!r}]: {exc}") from None
 
 
 _current: tuple[Any, Any, JobQueueSettings] | None = None

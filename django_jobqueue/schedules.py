@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cronsim import CronSim, CronSimError
-from django.conf import settings
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
@@ -121,8 +121,12 @@ class Schedule:
         return latest, True
 
 
-def parse(name: Any, raw: Any) -> Schedule:
-    """Return the Schedule of one SCHEDULES entry, or raise ImproperlyConfigured saying why."""
+def parse(name: Any, raw: Any, settings: conf.JobQueueSettings | None = None) -> Schedule:
+    """Return the Schedule of one SCHEDULES entry, or raise ImproperlyConfigured saying why.
+
+    Its arguments, queue and `uses` are checked against `settings` (default: the settings).
+    """
+    settings = conf.get() if settings is None else settings
 
     def bad(problem: str) -> ImproperlyConfigured:
         return ImproperlyConfigured(f"JOBQUEUE['SCHEDULES'][{name!r}]: {problem}")
@@ -159,7 +163,7 @@ def parse(name: Any, raw: Any) -> Schedule:
             f"'every' must be a whole number of seconds from 1 to {MAX_EVERY:,} (366 days; "
             f"use 'cron' for rarer slots), not {every!r}."
         )
-    tz_name = raw.get("timezone", settings.TIME_ZONE or "UTC")
+    tz_name = raw.get("timezone", django_settings.TIME_ZONE or "UTC")
     if every is not None and "timezone" in raw:
         raise bad("'timezone' applies to 'cron' only ('every' counts seconds).")
     try:
@@ -180,10 +184,10 @@ def parse(name: Any, raw: Any) -> Schedule:
     if not validation.finite(grace) or grace <= 0:
         raise bad(f"'grace' must be a positive number of seconds, not {grace!r}.")
     try:
-        args = validation.check_args(handler, raw.get("args", {}), conf.get().max_args_bytes)
+        args = validation.check_args(handler, raw.get("args", {}), settings.max_args_bytes)
         queue, group, priority = raw.get("queue"), raw.get("group", ""), raw.get("priority", 0)
         uses = raw.get("uses")
-        JobOptions(queue=queue, group=group, priority=priority, uses=uses).job_fields()
+        JobOptions(queue=queue, group=group, priority=priority, uses=uses).job_fields(settings)
     except InvalidJobError as exc:
         raise bad(str(exc)) from None
     return Schedule(
@@ -211,21 +215,26 @@ def _task_key(path: Any, bad: Callable[[str], ImproperlyConfigured]) -> str:
     return backends.task_key(found.backend, found.module_path)
 
 
-def _raw() -> dict[str, dict[str, Any]]:
+def _raw(settings: conf.JobQueueSettings) -> dict[str, dict[str, Any]]:
     """The definitions of JOBQUEUE["SCHEDULES"] and of @jobqueue.schedule, by name."""
-    return {**_declared, **conf.get().schedules}
+    return {**_declared, **settings.schedules}
 
 
-def problems() -> list[str]:
-    """Return what is wrong with the schedules, one message per schedule."""
+def problems(settings: conf.JobQueueSettings | None = None) -> list[str]:
+    """Return what is wrong with the schedules, one message per schedule.
+
+    Each is checked against `settings` (default: the settings); the system check (E010)
+    passes those of `conf.examine()`, which leave out the bad values E001 reports.
+    """
+    settings = conf.get() if settings is None else settings
     found = [
         f"JOBQUEUE['SCHEDULES'][{name!r}]: also declared with @jobqueue.schedule; "
         "name one of them differently."
-        for name in sorted(set(_declared) & set(conf.get().schedules))
+        for name in sorted(set(_declared) & set(settings.schedules))
     ]
-    for name, raw in _raw().items():
+    for name, raw in _raw(settings).items():
         try:
-            parse(name, raw)
+            parse(name, raw, settings)
         except ImproperlyConfigured as exc:
             found.append(str(exc))
     return found
@@ -236,7 +245,7 @@ def configured() -> list[Schedule]:
     found = problems()
     if found:
         raise ImproperlyConfigured(found[0])
-    return [parse(name, raw) for name, raw in sorted(_raw().items())]
+    return [parse(name, raw) for name, raw in sorted(_raw(conf.get()).items())]
 
 
 def schedule(

@@ -1,4 +1,5 @@
-"""System checks: E001 (settings), E002 (MySQL/MariaDB version), W001/W002 (SQLite modes), E003.
+"""System checks: E001 (settings, every bad value at once), E002 (MySQL/MariaDB version),
+W001/W002 (SQLite modes), E003, E004, E010 (schedules) beside E001.
 
 The SQLite warnings are checked on every run, whatever DATABASE_URL names: the queue database
 is pointed (JOBQUEUE['DATABASE']) at an extra SQLite alias created for the test.
@@ -95,8 +96,11 @@ def test_e001_is_reported_by_the_check_framework() -> None:
     assert "django_jobqueue.E001" in ids(found)
 
 
-def test_bad_settings_do_not_crash_the_database_check() -> None:
-    with override_settings(JOBQUEUE={"BOGUS": 1}):
+@pytest.mark.parametrize(
+    "jobqueue", [{"DATABASE": "nope"}, {"DATABASE": ["default"]}, {"database": "x"}, ["x"]]
+)
+def test_an_unknown_queue_database_skips_the_database_check(jobqueue: Any) -> None:
+    with override_settings(JOBQUEUE=jobqueue):
         assert checks.check_database(databases=["default"]) == []
 
 
@@ -106,6 +110,151 @@ def test_e003_refuses_naive_datetimes() -> None:
     assert ids(messages) == ["django_jobqueue.E003"]
     assert messages[0].level == django_checks.ERROR
     assert "daylight-saving" in messages[0].msg
+
+
+# --- every bad value at once -----------------------------------------------------------------
+
+
+def cap(group: str) -> int | None:
+    """A DYNAMIC_LIMIT hook (GOOD names it by its dotted path)."""
+    return None
+
+
+MISSING = object()  # a key left out of JOBQUEUE
+# For each setting (in the order of the sections): a good value, a bad one, and the messages
+# the bad one gets, as (id, text): one for each bad value, each naming its setting.
+CASES: dict[str, tuple[Any, Any, list[tuple[str, str]]]] = {
+    "LEASE_TTL": (30, 0, [("E001", "JOBQUEUE['LEASE_TTL'] must be a positive number.")]),
+    "HEARTBEAT_INTERVAL": (5, -5, [("E001", "JOBQUEUE['HEARTBEAT_INTERVAL'] must be a pos")]),
+    "POLL_INTERVAL": (1, True, [("E001", "JOBQUEUE['POLL_INTERVAL'] must be a positive")]),
+    "TIMEOUT": (60, float("inf"), [("E001", "JOBQUEUE['TIMEOUT'] must be a positive")]),
+    "OPEN_CONTAINER_TIMEOUT": (None, 1e7, [("E001", "CONTAINER_TIMEOUT'] must be at most")]),
+    "SHUTDOWN_TIMEOUT": (0, -1, [("E001", "JOBQUEUE['SHUTDOWN_TIMEOUT'] must be a number")]),
+    "MAX_ATTEMPTS": (5, 0, [("E001", "JOBQUEUE['MAX_ATTEMPTS'] must be an integer from 1")]),
+    "POOL_RETURN": ("query", "transaction", [("E001", "JOBQUEUE['POOL_RETURN'] must be 'job'")]),
+    "MAINTENANCE": (False, "yes", [("E001", "JOBQUEUE['MAINTENANCE'] must be True or False")]),
+    "PREFETCH": (0, -1, [("E001", "JOBQUEUE['PREFETCH'] must be an integer >= 0.")]),
+    "DEFAULT_QUEUE": ("main", "", [("E001", "JOBQUEUE['DEFAULT_QUEUE'] must be a non-empty")]),
+    "DATABASE": ("default", "nope", [("E001", "JOBQUEUE['DATABASE'] is 'nope', which is not")]),
+    "LISTEN_DATABASE": ("default", "gone", [("E001", "JOBQUEUE['LISTEN_DATABASE'] is 'gone'")]),
+    "GROUP_LIMITS": (
+        {"free": 2, "paid": 8},
+        {"free": 0, "paid": 8, "vip\x1b": 1},
+        [
+            ("E001", "JOBQUEUE['GROUP_LIMITS'] must map names of 1 to 200 characters (no "
+             "control characters) to integers from 1 to 2147483647: 'free' maps to 0."),
+            ("E001", "JOBQUEUE['GROUP_LIMITS'] must map names of 1 to 200 characters (no "
+             "control characters) to integers from 1 to 2147483647: a name must not contain"),
+        ],
+    ),
+    "QUEUE_LIMITS": ({"bulk": 4}, {"bulk": 2**31}, [("E001", "bulk' maps to 2147483648.")]),
+    "RATE_LIMITS": (
+        {"api": "60/m", "mail": "5/s"},
+        {"api": "60/d", "mail": "5/s", "": "1/s"},
+        [
+            ("E001", "JOBQUEUE['RATE_LIMITS']['api'] is '60/d'; use 'N/s', 'N/m' or 'N/h'"),
+            ("E001", "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters"),
+        ],
+    ),
+    "DYNAMIC_LIMIT": (
+        "tests.test_checks.cap",
+        "tests.nowhere.cap",
+        [("E004", "JOBQUEUE['DYNAMIC_LIMIT'] 'tests.nowhere.cap' cannot be imported")],
+    ),
+    "LIMITS": (
+        {"openai": {"concurrency": 2}, "tenant:*": {"rate": "10/s"}, "smtp": {"concurrency": 1}},
+        {"openai": {"concurrency": 0}, "tenant:*": {"rate": "10/d"}, "smtp": {"concurrency": 1}},
+        [
+            ("E001", "JOBQUEUE['LIMITS']['openai']['concurrency'] must be an integer"),
+            ("E001", "JOBQUEUE['LIMITS']['tenant:*'] is '10/d'"),
+        ],
+    ),
+    "SCHEDULES": (
+        {
+            "nightly": {"handler": "test.add", "cron": "0 3 * * *", "args": {"a": 1, "b": 2}},
+            # Its queue is DEFAULT_QUEUE, its uses a LIMITS entry: checked against the good ones.
+            "poll": {"handler": "test.noop", "every": 30, "uses": {"smtp": 1}},
+        },
+        {
+            "nightly": {"handler": "test.add", "cron": "61 * * * *"},
+            "poll": {"handler": "test.noop", "every": 30, "uses": {"smtp": 1}},
+            "ghost": {"handler": "no.such", "every": 5},
+            "text": "every minute",
+        },
+        [
+            ("E010", "JOBQUEUE['SCHEDULES']['nightly']: 'cron' '61 * * * *' is not a valid"),
+            ("E010", "JOBQUEUE['SCHEDULES']['ghost']: No handler is registered"),
+            ("E001", "JOBQUEUE['SCHEDULES'] must map schedule names to dicts"),
+        ],
+    ),
+    "RETENTION": (
+        {"done": "7d", "dead": None},
+        {"done": "soon", "week": "7d", "dead": None},
+        [
+            ("E001", "JOBQUEUE['RETENTION']['done']: 'soon' is not an age"),
+            ("E001", "JOBQUEUE['RETENTION'] names 'week', which is not a final state"),
+        ],
+    ),
+    "LEASE_TLL": (MISSING, 30, [("E001", "Unknown JOBQUEUE setting 'LEASE_TLL'; known:")]),
+}  # fmt: skip
+
+
+def jobqueue_with(bad: set[str]) -> dict[str, Any]:
+    """JOBQUEUE with the bad value of each setting in `bad`, the good one of the others."""
+    chosen = {key: case[1] if key in bad else case[0] for key, case in CASES.items()}
+    return {key: value for key, value in chosen.items() if value is not MISSING}
+
+
+def reported(jobqueue: dict[str, Any]) -> list[Any]:
+    """What the checks that need no database say of `jobqueue`."""
+    with override_settings(JOBQUEUE=jobqueue):
+        return [*checks.check_settings(), *checks.check_schedules()]
+
+
+def expected(bad: set[str]) -> list[tuple[str, str]]:
+    return [(f"django_jobqueue.{i}", text) for key in bad for i, text in CASES[key][2]]
+
+
+def assert_reports(found: list[Any], wanted: list[tuple[str, str]]) -> None:
+    """Each wanted message is reported once, and nothing else."""
+    for check_id, text in wanted:
+        matches = [m for m in found if m.id == check_id and text in m.msg]
+        assert len(matches) == 1, (check_id, text, [m.msg for m in found])
+        assert isinstance(matches[0], django_checks.Error)
+    assert len(found) == len(wanted), [m.msg for m in found]
+
+
+def test_every_bad_value_of_every_section_is_reported_at_once() -> None:
+    found = reported(jobqueue_with(set(CASES)))
+    assert_reports(found, expected(set(CASES)))
+    (unknown,) = [m for m in found if "LEASE_TLL" in m.msg]
+    assert unknown.hint == "Did you mean 'LEASE_TTL'?"
+
+
+def test_fixing_one_setting_takes_away_its_messages_only() -> None:
+    bad = set(CASES)
+    for key in CASES:
+        bad.discard(key)
+        assert_reports(reported(jobqueue_with(bad)), expected(bad))
+    assert reported(jobqueue_with(set())) == []  # the good configuration
+
+
+def test_a_bad_value_alone_gets_the_id_and_message_it_gets_among_the_others() -> None:
+    together = {(m.id, m.msg) for m in reported(jobqueue_with(set(CASES)))}
+    alone = set()
+    for key in CASES:
+        found = reported(jobqueue_with({key}))
+        assert_reports(found, expected({key}))  # as today: its id, and only it
+        alone |= {(m.id, m.msg) for m in found}
+    assert alone == together
+
+
+@pytest.mark.django_db
+def test_the_database_checks_run_beside_other_bad_settings(sqlite_queue: str) -> None:
+    with override_settings(JOBQUEUE={**VALID, "DATABASE": sqlite_queue, "RETENTION": []}):
+        assert ids(checks.check_settings()) == ["django_jobqueue.E001"]
+        found = checks.check_database(databases=[sqlite_queue])
+    assert ids(found) == ["django_jobqueue.W001", "django_jobqueue.W002"]
 
 
 # --- W001 / W002: SQLite journal and transaction modes ---------------------------------------

@@ -11,7 +11,7 @@ from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_jobqueue import conf
+from django_jobqueue import conf, limits
 from django_jobqueue.conf import JobQueueSettings
 
 DEFAULTS = {
@@ -197,3 +197,79 @@ def test_heartbeat_must_fit_twice_in_the_lease(lease_ttl: float, heartbeat: floa
     else:
         with pytest.raises(ImproperlyConfigured, match="at most half"):
             conf.load(raw)
+
+
+# --- every bad value at once ------------------------------------------------------------------
+
+SEVERAL = {
+    "LEASE_TTL": 0,
+    "MAX_ATTEMPTS": 0,
+    "BOGUS": 1,
+    "GROUP_LIMITS": {"free": 0, "paid": 8, "vip": -1},
+    "LIMITS": {"openai": {"concurrency": 0}, "smtp": {"concurrency": 1}},
+    "RETENTION": {"week": "7d", "done": "1d"},
+    "SCHEDULES": {"poll": {"handler": "test.noop", "every": 30}, "text": "every minute"},
+}
+
+
+def test_load_raises_every_bad_value_in_one_error() -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.load(SEVERAL)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "settings.JOBQUEUE has 8 problems:"
+    assert [line[:2] for line in lines[1:]] == ["- "] * 8
+    for text in (
+        "JOBQUEUE['LEASE_TTL'] must be a positive number.",
+        "JOBQUEUE['MAX_ATTEMPTS'] must be an integer from 1 to 2147483647.",
+        "Unknown JOBQUEUE setting 'BOGUS'",
+        "integers from 1 to 2147483647: 'free' maps to 0.",
+        "integers from 1 to 2147483647: 'vip' maps to -1.",
+        "JOBQUEUE['LIMITS']['openai']['concurrency'] must be",
+        "JOBQUEUE['RETENTION'] names 'week'",
+        "JOBQUEUE['SCHEDULES'] must map schedule names to dicts (each checked by the system "
+        "checks, django_jobqueue.E010): 'text' maps to 'every minute'.",
+    ):
+        assert sum(text in line for line in lines) == 1, text
+    # The start-up paths (the worker, enqueue) raise the same error from conf.get().
+    with override_settings(JOBQUEUE=SEVERAL), pytest.raises(ImproperlyConfigured) as again:
+        conf.get()
+    assert str(again.value) == str(info.value)
+    # One bad value: its message alone, as before.
+    with pytest.raises(ImproperlyConfigured) as one:
+        conf.load({"LEASE_TTL": 0})
+    assert str(one.value) == "JOBQUEUE['LEASE_TTL'] must be a positive number."
+
+
+def test_examine_names_each_bad_value_and_leaves_it_out() -> None:
+    found, usable = conf.examine(SEVERAL)
+    assert [(p.setting, p.entry) for p in found] == [
+        ("BOGUS", ()),
+        ("LEASE_TTL", ()),
+        ("MAX_ATTEMPTS", ()),
+        ("GROUP_LIMITS", ("free",)),
+        ("GROUP_LIMITS", ("vip",)),
+        ("LIMITS", ("openai",)),
+        ("SCHEDULES", ("text",)),
+        ("RETENTION", ("week",)),
+    ]
+    # A bad setting takes its default, a bad entry is dropped, the good values are kept.
+    assert (usable.lease_ttl, usable.max_attempts) == (30.0, 3)
+    assert usable.group_limits == {"paid": 8}
+    assert usable.limits == {"smtp": {"concurrency": 1}}
+    assert usable.retention == {"done": "1d"}
+    assert usable.schedules == {"poll": {"handler": "test.noop", "every": 30}}
+    assert conf.examine({"LEASE_TTL": 40}) == ([], conf.load({"LEASE_TTL": 40}))
+    assert conf.examine(["LEASE_TTL"]) == ([conf.Problem("", "settings.JOBQUEUE must be a dict.")],
+                                           JobQueueSettings())  # fmt: skip
+
+
+def test_limits_problems_says_every_bad_entry_and_parse_limits_raises_the_first() -> None:
+    raw = {"a": {"concurrency": 0}, "b": {"concurrency": 1}, "c*d": {"rate": "1/s"}}
+    found = list(limits.limits_problems(raw))
+    assert len(found) == 2
+    assert found[0].startswith("JOBQUEUE['LIMITS']['a']['concurrency'] must be")
+    assert "a '*' only at the end" in found[1]
+    with pytest.raises(ImproperlyConfigured) as info:
+        limits.parse_limits(raw)
+    assert str(info.value) == found[0]
+    assert list(limits.limits_problems({"b": {"concurrency": 1}})) == []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -110,13 +110,26 @@ def valid_concurrency(value: Any) -> bool:
 
 
 def parse_limits(raw: Any) -> dict[str, Spec]:
-    """Return JOBQUEUE["LIMITS"] as {name or pattern: Spec}; ImproperlyConfigured if bad."""
+    """Return JOBQUEUE["LIMITS"] as {name or pattern: Spec}; ImproperlyConfigured (the first
+    of `limits_problems`) if bad."""
+    for problem in limits_problems(raw):
+        raise ImproperlyConfigured(problem)
+    return {name: parse_spec(name, value) for name, value in raw.items()}
+
+
+def limits_problems(raw: Any) -> Iterator[str]:
+    """Say what is wrong with JOBQUEUE["LIMITS"]: one message for each bad entry."""
     if not isinstance(raw, dict):
-        raise ImproperlyConfigured(
+        yield (
             "JOBQUEUE['LIMITS'] must map resource names (or patterns ending in '*') to dicts "
             "such as {'concurrency': 2} or {'rate': '500/m'}."
         )
-    return {name: parse_spec(name, value) for name, value in raw.items()}
+        return
+    for name, value in raw.items():
+        try:
+            parse_spec(name, value)
+        except ImproperlyConfigured as exc:
+            yield str(exc)
 
 
 def configured(settings: JobQueueSettings) -> dict[str, Spec]:
