@@ -27,6 +27,7 @@ from .exceptions import (
 from .registry import handler
 
 if TYPE_CHECKING:
+    from .budgets import Grant
     from .containers import container
     from .context import JobContext
     from .control import cancel, retry
@@ -43,6 +44,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "Fail",
+    "Grant",
     "Graph",
     "HandlerRegistrationError",
     "InvalidArgumentsError",
@@ -81,6 +83,7 @@ _LAZY = {
     "container": "containers",
     "retry": "control",
     "Graph": "graphs",
+    "Grant": "budgets",
     "enqueue_many": "graphs",
     "graph": "graphs",
     "record_effect": "inbox",

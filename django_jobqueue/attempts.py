@@ -53,6 +53,7 @@ class InFlight:
     # count: a hand-back gives them back to their windows (limits.window.give_back).
     rated_units: dict[str, int] | None = None
     counted_at: dt.datetime | None = None
+    apply_limits: bool = True  # False in testing.run_jobs(), which applies no limit
     thread_id: int | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     settled: bool = False  # an outcome was decided (by the thread or by the timeout)
@@ -365,6 +366,8 @@ def _context(
         _max_result_bytes=conf.max_result_bytes,
         _ignore_delays=flight.ignore_delays,
         _recorded=flight.job.records,
+        _apply_limits=flight.apply_limits,
+        _counted_at=flight.counted_at if flight.rated_units else None,
     )
     flight.context = context
     return (context,)

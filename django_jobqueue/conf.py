@@ -337,7 +337,7 @@ def _group_limits(conf: JobQueueSettings) -> Iterator[Problem]:
                 yield Problem(
                     "RATE_LIMITS",
                     "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters, "
-                    "without control characters, to 'N/s', 'N/m' or 'N/h': a group name "
+                    "without control characters, to 'N/s', 'N/m', 'N/h' or 'N/d': a group name "
                     f"{problem}.",
                     (group,),
                 )
@@ -458,7 +458,7 @@ def dynamic_limit_problems(conf: JobQueueSettings) -> Iterator[str]:
             yield f"JOBQUEUE['DYNAMIC_LIMIT'] {path!r} is not callable."
 
 
-RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[int, int]:
@@ -473,7 +473,7 @@ def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[
         or period not in RATE_PERIODS
     ):
         raise ImproperlyConfigured(
-            f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m' or 'N/h' with "
+            f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m', 'N/h' or 'N/d' with "
             f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length)."
         )
     return int(count), RATE_PERIODS[period]

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from . import durable
+from . import budgets, durable
+from .budgets import Grant
 from .leases import Lease, renew_leases
 from .models import Job
 from .records import ClaimedJob
@@ -45,6 +46,10 @@ class JobContext:
         _ignore_delays: bool = False,
         # The job's records as read with its claim (None: read at its first durable call).
         _recorded: dict[tuple[str, int], Any] | None = None,
+        # Whether limits apply (not in testing.run_jobs), and the database's time at which the
+        # claim counted the job's rated `uses` (None: it counted none).
+        _apply_limits: bool = True,
+        _counted_at: dt.datetime | None = None,
     ) -> None:
         self._job = job
         self.attempt = attempt
@@ -54,6 +59,8 @@ class JobContext:
         self._renew = _renew
         self._max_result_bytes = _max_result_bytes
         self._ignore_delays = _ignore_delays
+        self._apply_limits = _apply_limits
+        self._counted_at = _counted_at
         self.job_id: int = int(job.pk)
         """The running job's primary key."""
         self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded)
@@ -162,3 +169,25 @@ class JobContext:
     def progress(self, current: float, total: float | None = None, message: str = "") -> None:
         """Record how far the job has got (`Job.progress`), at most about once a second."""
         self._progress.set(self, current, total, message)
+
+    def acquire(self, resource: str, units: int) -> Grant:
+        """Take `units` of `resource` (a resource JOBQUEUE["LIMITS"] gives a rate) now, and
+        return the `Grant`; with no room in its window, suspend the job until there is.
+
+        The job waits `scheduled`, holding no lease, no thread and no place under any limit,
+        and uses no attempt; it runs again when the window will have room, and the call
+        returns then. Durable: a later run gets the same grant back and takes nothing again.
+        Raises `InvalidJobError` (before anything is written) for a resource with no rate, an
+        unknown one, or units its rate could never grant.
+        """
+        return budgets.acquire(self, resource, units)
+
+    def settle(self, grant: Grant | str, used: int) -> None:
+        """Record what the work of `grant` really used: less gives the rest back to its
+        window at once, more charges the difference to the window it was granted in.
+
+        `grant` may also be a resource of the job's `uses`: the same for the units its claim
+        took. Durable: a later run never settles twice; settling one grant twice raises
+        `InvalidJobError`. Sends `units_settled`.
+        """
+        budgets.settle(self, grant, used)

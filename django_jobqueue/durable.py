@@ -104,6 +104,16 @@ class Calls:
             found = self._recorded[(name, seq)] = read_json(found.value)
         return seq, found
 
+    def recorded(self) -> dict[tuple[str, int], Any]:
+        """Every record of the job, decoded (read at the first call that needs them)."""
+        if self._recorded is None:
+            rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
+            self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
+        for key, value in self._recorded.items():
+            if type(value) is Stored:
+                self._recorded[key] = read_json(value.value)
+        return self._recorded
+
     def remember(self, name: str, seq: int, result: Any) -> None:
         """Keep the result just recorded (its transaction committed)."""
         assert self._recorded is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -35,6 +35,7 @@ from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, JobQuerySet, Limit
 if TYPE_CHECKING:
     from .conf import JobQueueSettings
     from .dialects import Dialect
+    from .records import ClaimedJob
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.scheduling")
@@ -287,7 +288,7 @@ class FairShare:
         """Whether `record_starts()` has anything to write for the last `select()`."""
         return self.resources.started()
 
-    def record_starts(self, dialect: Dialect) -> None:
+    def record_starts(self, dialect: Dialect, claimed: Iterable[ClaimedJob] = ()) -> None:
         """Count the rate-limited starts of the last `select()`, once its jobs are marked.
 
         Called in the claim transaction after the jobs' rows were stamped `started_at`: the
@@ -298,7 +299,11 @@ class FairShare:
         if self.resources.started():
             # The clock read below is the database's count of these starts: after this.
             self.counted_at = time.monotonic()
-        self.counted_db_at = self.resources.record_starts(dialect)
+        spent: dict[tuple[str, str], int] = {}  # by handler, for the admin's Limits page
+        for job in claimed:
+            for name, units in self.rated_units.get(job.id, {}).items():
+                spent[(name, job.type)] = spent.get((name, job.type), 0) + units
+        self.counted_db_at = self.resources.record_starts(dialect, spent)
 
     def _take_planned(
         self,

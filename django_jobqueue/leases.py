@@ -167,7 +167,7 @@ def claim(
         rows = fair_share.select(dialect, ready, limit, dynamic)
         last = not fair_share.has_starts_to_record()  # then the marking ends the transaction
         claimed = dialect.mark_claimed(rows, owner=owner, lease_ttl=lease_ttl, last=last)
-        fair_share.record_starts(dialect)  # counted after the jobs' started_at was stamped
+        fair_share.record_starts(dialect, claimed)  # after the jobs' started_at was stamped
         return claimed
 
     jobs = dialect.run_in_transaction(txn)

@@ -385,9 +385,18 @@ class ResourceStart(models.Model):
     rows older than the resource's window are deleted by later claims. The one window of every
     rate (limits/window.py): LIMITS' and RATE_LIMITS' ("group:<name>")."""
 
+    class Kind(models.TextChoices):
+        START = "start", _("started by a claim")  # the units of a job's `uses`
+        GRANT = "grant", _("granted")  # ctx.acquire()
+        SETTLE = "settle", _("settled")  # ctx.settle(): `units` is used minus granted
+        BACK = "back", _("given back")  # a job handed back unstarted: its units, negative
+
     resource = KeyField(_("resource"), max_length=255)
     started_at = models.DateTimeField(_("started"))
     units = models.IntegerField(_("units"))
+    kind = models.CharField(_("kind"), max_length=8, choices=Kind.choices, default=Kind.START)
+    # A settlement's units used (its `units` are what it changed: used minus granted).
+    used = models.IntegerField(_("used"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("resource start")
@@ -556,6 +565,29 @@ class MinuteCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker} @ {self.minute}"
+
+
+class MinuteSpend(models.Model):
+    """The units of one resource that one handler's jobs spent in one minute (database clock):
+    started by claims, granted by `ctx.acquire()`, corrected by `ctx.settle()`. Written in the
+    transaction of each (an upsert); read by the admin's Limits page; kept two days."""
+
+    minute = models.DateTimeField(_("minute"))
+    resource = KeyField(_("resource"), max_length=255)
+    handler = KeyField(_("handler"), max_length=200)
+    units = models.BigIntegerField(_("units"), default=0)
+
+    class Meta:
+        verbose_name = _("minute spend")
+        verbose_name_plural = _("minute spends")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "resource", "handler"], name="jobqueue_spend_minute"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.handler} on {self.resource} @ {self.minute}: {self.units}"
 
 
 class MinuteSample(models.Model):

@@ -93,7 +93,7 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     names = sorted({*rows, *specs, *used})
     periods = {n: found[1].rate[1] for n in names if (found := limits.find(n, specs))
                and found[1].rate and not n.endswith("*")}  # fmt: skip
-    started = window.read(dialect, periods, now).units if periods else {}
+    started = window.read(dialect, periods).units
     entries = []
     for name in names:
         if name.endswith("*") and name in specs:  # a pattern: the sums of its resources

@@ -16,6 +16,9 @@ outcomes (its reclaimer for a job whose lease expired on its last attempt).
 - `job_dead`: a job failed for good: `error`.
 - `job_rate_limited`: a handler raised `RateLimited`: `resource` is closed for `retry_after`
   seconds, and the job waits (`state`: "scheduled") without using its attempt.
+- `units_settled`: a running job settled units (`ctx.settle()`): `resource`, `granted` (the
+  units of the grant, or of the job's `uses`), `used`, and `grant` (the grant's key, or
+  "uses:<resource>"). Sent from the handler's thread once the settlement committed.
 
 A receiver that raises never stops the worker: the error is logged
 (logger `django_jobqueue.signals`) and the other receivers still run. With no receiver
@@ -37,6 +40,7 @@ job_finished = Signal()
 job_failed = Signal()
 job_dead = Signal()
 job_rate_limited = Signal()
+units_settled = Signal()
 
 __all__ = [
     "job_dead",
@@ -45,6 +49,7 @@ __all__ = [
     "job_finished",
     "job_rate_limited",
     "job_started",
+    "units_settled",
 ]
 
 

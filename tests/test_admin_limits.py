@@ -51,7 +51,7 @@ def test_an_operator_changes_resets_and_reopens(admin_client: Client) -> None:
     "data",
     [
         {"action": "set", "name": "nope", "concurrency": "1"},
-        {"action": "set", "name": "api", "rate": "5/d"},
+        {"action": "set", "name": "api", "rate": "5/w"},
         {"action": "set", "name": "api"},
         {"action": "explode", "name": "api"},
         {"action": "reset", "name": "nope"},

@@ -150,9 +150,9 @@ CASES: dict[str, tuple[Any, Any, list[tuple[str, str]]]] = {
     "QUEUE_LIMITS": ({"bulk": 4}, {"bulk": 2**31}, [("E001", "bulk' maps to 2147483648.")]),
     "RATE_LIMITS": (
         {"api": "60/m", "mail": "5/s"},
-        {"api": "60/d", "mail": "5/s", "": "1/s"},
+        {"api": "60/w", "mail": "5/s", "": "1/s"},
         [
-            ("E001", "JOBQUEUE['RATE_LIMITS']['api'] is '60/d'; use 'N/s', 'N/m' or 'N/h'"),
+            ("E001", "JOBQUEUE['RATE_LIMITS']['api'] is '60/w'; use 'N/s', 'N/m', 'N/h' or 'N/d'"),
             ("E001", "JOBQUEUE['RATE_LIMITS'] must map group names of 1 to 200 characters"),
         ],
     ),
@@ -163,10 +163,10 @@ CASES: dict[str, tuple[Any, Any, list[tuple[str, str]]]] = {
     ),
     "LIMITS": (
         {"openai": {"concurrency": 2}, "tenant:*": {"rate": "10/s"}, "smtp": {"concurrency": 1}},
-        {"openai": {"concurrency": 0}, "tenant:*": {"rate": "10/d"}, "smtp": {"concurrency": 1}},
+        {"openai": {"concurrency": 0}, "tenant:*": {"rate": "10/w"}, "smtp": {"concurrency": 1}},
         [
             ("E001", "JOBQUEUE['LIMITS']['openai']['concurrency'] must be an integer"),
-            ("E001", "JOBQUEUE['LIMITS']['tenant:*'] is '10/d'"),
+            ("E001", "JOBQUEUE['LIMITS']['tenant:*'] is '10/w'"),
         ],
     ),
     "SCHEDULES": (

@@ -83,7 +83,7 @@ def test_bad_uses_are_refused_before_any_write(uses, match):
     [
         {"api": 2},
         {"api": {"concurrency": 0}},
-        {"api": {"rate": "5/d"}},
+        {"api": {"rate": "5/w"}},
         {"api": {"burst": 1}},
         {"a*b": {"concurrency": 1}},
         {"": {"concurrency": 1}},
@@ -576,7 +576,7 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
         (["set", "nope", "--concurrency", "1"], "not a limit"),
         (["set", "api"], "Give --concurrency"),
         (["set", "api", "--concurrency", "0"], "concurrency"),
-        (["set", "api", "--rate", "5/d"], "N/s"),
+        (["set", "api", "--rate", "5/w"], "N/s"),
         (["set", "bad\x1bname", "--concurrency", "1"], "control characters"),
         (["reset", "nope"], "not a limit"),
     ],

@@ -28,13 +28,13 @@ def most_in_any_window(starts: list[float], length: float) -> int:
     )
 
 
-@pytest.mark.parametrize("rate", ["10/d", "0/s", "ten/m", "10", 10, "-1/s", "1.5/s"])
+@pytest.mark.parametrize("rate", ["10/w", "0/s", "ten/m", "10", 10, "-1/s", "1.5/s"])
 def test_a_bad_rate_is_a_system_check_error(settings, rate):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "RATE_LIMITS": {"api": rate}}
     errors = check_settings()
     assert [e.id for e in errors] == ["django_jobqueue.E001"]
     assert "JOBQUEUE['RATE_LIMITS']['api']" in errors[0].msg
-    assert "'N/s', 'N/m' or 'N/h'" in errors[0].msg
+    assert "'N/s', 'N/m', 'N/h' or 'N/d'" in errors[0].msg
 
 
 def test_rates_in_seconds_minutes_and_hours_pass_the_checks(settings):

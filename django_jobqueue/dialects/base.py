@@ -191,13 +191,17 @@ class Dialect:
                 results.append(cursor.fetchall())
         return results
 
-    def lock_resources_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        """The statement of `lock_resources` that locks the rows (and reads the clock)."""
+    def lock_resources_sql(
+        self, names: Sequence[str], *, wait: bool = False
+    ) -> tuple[str, list[Any]]:
+        """The statement of `lock_resources` that locks the rows (and reads the clock); with
+        `wait`, one that waits for their holders (a running job's grant of one resource)."""
         clock, params = self.clock_sql()
         named, names_params = self.in_sql("name", names)
+        lock = self.blocking_lock_sql if wait else self.skip_locked_sql
         sql = (
             f"SELECT name, closed_until, {clock} FROM {self.qn(Limit._meta.db_table)} "
-            f"WHERE {named} ORDER BY name{self.skip_locked_sql}"
+            f"WHERE {named} ORDER BY name{lock}"
         )
         return sql, [*params, *names_params]
 
@@ -216,6 +220,41 @@ class Dialect:
         ON DUPLICATE KEY UPDATE, which any unique key triggers)."""
         return (
             list(fields) if self.connection.features.supports_update_conflicts_with_target else None
+        )
+
+    def add_to_minutes(
+        self,
+        model: type[Any],
+        keys: Sequence[str],
+        value: str,
+        rows: Sequence[tuple[Sequence[Any], int]],
+    ) -> None:
+        """Add each row's number to column `value` of the row of `model` with its `keys`
+        values, made if missing: one upsert (INSERT ... ON CONFLICT DO UPDATE) for all."""
+        if not rows:
+            return
+        table = self.qn(model._meta.db_table)
+        fields = {f.name: f for f in model._meta.concrete_fields}
+        columns = [*keys, value]
+        marks = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
+        params = [
+            fields[name].get_db_prep_save(v, self.connection)
+            for key, n in rows
+            for name, v in zip(columns, [*key, n], strict=True)
+        ]
+        names = ", ".join(self.qn(c) for c in columns)
+        sql = f"INSERT INTO {table} ({names}) VALUES {marks} " + self._add_on_conflict(
+            table, keys, value
+        )
+        with self.cursor() as cursor:
+            cursor.execute(sql, params)
+
+    def _add_on_conflict(self, table: str, keys: Sequence[str], value: str) -> str:
+        """The clause of `add_to_minutes` that adds to the row already there."""
+        column = self.qn(value)
+        target = ", ".join(self.qn(k) for k in keys)
+        return (
+            f"ON CONFLICT ({target}) DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
         )
 
     def in_sql(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:

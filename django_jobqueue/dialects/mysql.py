@@ -39,6 +39,12 @@ class MySQLDialect(Dialect):
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
     _budget: int | None = None  # see document_budget()
 
+    def _add_on_conflict(self, table: str, keys: Sequence[str], value: str) -> str:
+        # MySQL names no conflict target: ON DUPLICATE KEY UPDATE, which the unique key of
+        # `keys` triggers (VALUES() reads the row's inserted value, on MariaDB and MySQL 8).
+        column = self.qn(value)
+        return f"ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column})"
+
     def hinted_sql(self, sql: str, indexes: Sequence[str]) -> str:
         # Left to itself, the optimizer took the ready index (state, priority, id), whose
         # order is the claim's, for a read of one group's or one queue's ready jobs, and read

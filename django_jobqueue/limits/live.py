@@ -8,17 +8,23 @@ Any limit can be changed so: a LIMITS entry or a resource it governs, and the de
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf, validation
-from ..conf import parse_rate
+from ..conf import JobQueueSettings, parse_rate
 from ..dialects import Dialect
 from ..exceptions import InvalidJobError
 from ..models import Limit, LimitSetting
 from ..validation import INT_MAX
 from .spec import Spec, every_limit, find, parse_spec, valid_concurrency
+
+# Seconds a worker reuses the live changes it read (`jobqueue_limits set`): they apply within
+# about twice this.
+OVERRIDES_EVERY = 1.0
+_in_force: dict[tuple[int, str], tuple[float, dict[str, Spec]]] = {}
 
 
 def changes(using: str) -> dict[str, Spec]:
@@ -34,6 +40,18 @@ def changes(using: str) -> dict[str, Spec]:
         except ImproperlyConfigured:
             continue
     return found
+
+
+def in_force(settings: JobQueueSettings, using: str) -> dict[str, Spec]:
+    """Every limit of `settings` with the live changes applied, read at most every
+    OVERRIDES_EVERY seconds (for a running job's `ctx.acquire()`, say)."""
+    key, now = (id(settings), using), time.monotonic()
+    found = _in_force.get(key)
+    if found is not None and found[0] > now:
+        return found[1]
+    specs = {**every_limit(settings), **changes(using)}
+    _in_force[key] = (now + OVERRIDES_EVERY, specs)
+    return specs
 
 
 def check_name(name: Any) -> str:
@@ -73,7 +91,7 @@ def set_limit(
             parse_rate(name, rate, setting="LIMITS")
         except ImproperlyConfigured:
             raise InvalidJobError(
-                f"The rate of {name!r} must be 'N/s', 'N/m' or 'N/h' with a whole N from 1 "
+                f"The rate of {name!r} must be 'N/s', 'N/m', 'N/h' or 'N/d' with a whole N from 1 "
                 f"to {INT_MAX}, not {rate!r}."
             ) from None
     try:

@@ -41,6 +41,7 @@ from ..dialects.base import aware, read_json, seconds
 from ..dialects.functions import DbNow
 from ..models import Job, Limit
 from . import live, window
+from .live import OVERRIDES_EVERY
 from .spec import (
     GROUP,
     QUEUE,
@@ -52,9 +53,6 @@ from .spec import (
     queue_resource,
 )
 
-# Seconds a worker reuses the live changes it read (`jobqueue_limits set`): they apply within
-# about twice this.
-OVERRIDES_EVERY = 1.0
 # Seconds a claim leaves out the jobs of a resource found without room (or its row held by
 # another transaction) before it looks at the resource again.
 HELD_FOR = 0.25
@@ -209,15 +207,13 @@ class Resources:
         if rated:
             statements.append(window.read_sql(dialect, rated))
         rows, now, results = self._lock(dialect, names, statements)
-        if rated and now is None:  # every row held elsewhere: the windows need a clock
-            now = dialect.now()
         by_group: dict[str, int] = {}
         by_queue: dict[str, int] = {}
         for row in results[0]:
             by_group[row[0]] = by_group.get(row[0], 0) + row[-1]
             if queues:
                 by_queue[row[1]] = by_queue.get(row[1], 0) + row[-1]
-        starts = window.count(results[1], rated, now) if rated and now else window.Started({}, {})
+        starts = window.count(results[1]) if rated else window.Started({}, {})
         in_flight = {}
         for name in names:
             key = name[len(QUEUE) :] if name in queues else name.partition(":")[2]
@@ -321,10 +317,10 @@ class Resources:
         if rated:
             statements.append(window.read_sql(dialect, rated))
         rows, now, results = self._lock(dialect, sorted(governed), statements)
-        if rated and now is None:  # every row held elsewhere: the windows need a clock
+        if rated and now is None:  # every row held elsewhere: a rate's reopening needs a clock
             now = dialect.now()
         in_flight = _units([read_json(u) for (u,) in results[0]] if capped else [], capped)
-        starts = window.count(results[-1], rated, now) if rated and now else window.Started({}, {})
+        starts = window.count(results[-1]) if rated else window.Started({}, {})
         self._add_rooms(governed, rows, now, in_flight, starts)
 
     def _add_rooms(
@@ -441,13 +437,15 @@ class Resources:
         """Whether the last claim took rate-limited units, which `record_starts` records."""
         return bool(self._started)
 
-    def record_starts(self, dialect: Dialect) -> dt.datetime | None:
+    def record_starts(
+        self, dialect: Dialect, spent: Mapping[tuple[str, str], int] | None = None
+    ) -> dt.datetime | None:
         """Count the rate-limited units the last claim started, at a clock read after the
         claim stamped its jobs (so two batches the limiter held a window apart are at least
         that far apart in the jobs' own `started_at`), and forget old windows. Return the
         database's time of the count (None: nothing to count)."""
         periods = {name: spec.rate[1] for name, spec in self._governed.items() if spec.rate}
-        at = window.record(dialect, self._started, periods)
+        at = window.record(dialect, self._started, periods, spent)
         self._started = {}
         return at
 

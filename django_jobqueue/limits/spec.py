@@ -92,7 +92,7 @@ def parse_spec(name: Any, value: Any, where: str = "JOBQUEUE['LIMITS']") -> Spec
     if not isinstance(value, dict) or not value or set(value) - {"concurrency", "rate"}:
         raise ImproperlyConfigured(
             f"{where}[{name!r}] must be a dict with 'concurrency' (N units in flight) and/or "
-            f"'rate' ('N/s', 'N/m' or 'N/h'), not {value!r}."
+            f"'rate' ('N/s', 'N/m', 'N/h' or 'N/d'), not {value!r}."
         )
     concurrency = value.get("concurrency")
     if concurrency is not None and not valid_concurrency(concurrency):

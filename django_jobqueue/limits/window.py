@@ -1,12 +1,16 @@
 """The one sliding-window counter of every rate: the units a resource started in any window of
-its period, whichever limit declared the rate (a LIMITS entry's, or a RATE_LIMITS group's).
+its period, whichever limit declared the rate (a LIMITS entry's, or a RATE_LIMITS group's) and
+however they were taken (a claim's `uses`, a running job's `ctx.acquire()`).
 
 Each claim that starts units of a rated resource records one row (`ResourceStart`: the
-resource, the database clock's time, the units), and a claim may start only what the rows of
-the last window leave room for. The time is read after the claim stamped its jobs'
-`started_at` (`record`), so it is never earlier than their stamps, and both happen inside the
-claim transaction under the resource's lock row, so claims in every process and host count
-each other's starts.
+resource, the database clock's time, the units), and so does each grant of `ctx.acquire()`; a
+claim or a grant may take only what the rows of the last window leave room for. A settlement
+(`ctx.settle()`) adds a row at its grant's time with what it changed (used minus granted), so
+that it counts in the windows of its grant, and a job handed back unstarted one of its units,
+negative. The time of a claim's row is read after the claim stamped its jobs' `started_at`,
+so it is never earlier than their stamps, and every row is written inside the transaction
+that holds the resource's lock row, so that claims and grants in every process and host count
+each other's.
 
 The window is held MARGIN longer than its period: a handler starts a little after its claim
 recorded the start, and not always the same little, so two batches recorded exactly one
@@ -16,7 +20,7 @@ period apart could otherwise start in their handlers a little less than a period
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from django.db.models import Q
@@ -24,7 +28,7 @@ from django.db.models import Q
 from ..dialects import Dialect
 from ..dialects.base import aware, seconds
 from ..dialects.functions import DbNow
-from ..models import ResourceStart
+from ..models import MinuteSpend, ResourceStart
 
 MARGIN = 0.1  # seconds added to each window, for the spread between claim and handler start
 
@@ -48,45 +52,75 @@ class Started(NamedTuple):
 
 
 def read_sql(dialect: Dialect, periods: Mapping[str, int]) -> tuple[str, list[Any]]:
-    """The statement reading the starts of the resources of `periods` ({name: period}) back to
-    the longest of their windows, by the database's clock: (resource, started_at, units)."""
-    names = sorted(periods)
-    named, params = dialect.in_sql("resource", names)
-    cutoff, cutoff_params = dialect.compile(DbNow() - length(max(periods.values())))
+    """The statement summing, in the database, the units each resource of `periods` ({name:
+    period}) started in its window by the database's clock: (resource, units, oldest start).
+
+    One aggregate per period the resources have (usually one), joined by UNION ALL: a day's
+    window may hold thousands of rows, which the database sums through its index.
+    """
     table = dialect.qn(ResourceStart._meta.db_table)
-    sql = f"SELECT resource, started_at, units FROM {table} WHERE {named} AND started_at > {cutoff}"
-    return sql, [*params, *cutoff_params]
+    by_period: dict[int, list[str]] = {}
+    for name, period in sorted(periods.items()):
+        by_period.setdefault(period, []).append(name)
+    parts, params = [], []
+    for period, names in sorted(by_period.items()):
+        named, named_params = dialect.in_sql("resource", names)
+        cutoff, cutoff_params = dialect.compile(DbNow() - length(period))
+        parts.append(
+            f"SELECT resource, SUM(units), MIN(started_at) FROM {table} "
+            f"WHERE {named} AND started_at > {cutoff} GROUP BY resource"
+        )
+        params += [*named_params, *cutoff_params]
+    return " UNION ALL ".join(parts), params
 
 
-def count(rows: Iterable[Sequence[Any]], periods: Mapping[str, int], now: dt.datetime) -> Started:
-    """Sum the rows of `read_sql` within each resource's own window ending at `now`."""
+def count(rows: Iterable[tuple[Any, ...]]) -> Started:
+    """The rows of `read_sql` as Started."""
     units: dict[str, int] = {}
     first: dict[str, dt.datetime] = {}
-    for name, at, n in rows:
-        at = aware(at)
-        if at > now - length(periods[name]):
-            units[name] = units.get(name, 0) + n
-            if name not in first or at < first[name]:
-                first[name] = at
+    for name, total, oldest in rows:
+        units[name] = int(total or 0)
+        if oldest is not None:
+            first[name] = aware(oldest)
     return Started(units, first)
 
 
-def read(dialect: Dialect, periods: Mapping[str, int], now: dt.datetime) -> Started:
-    """The units each resource of `periods` started in its window ending at `now`."""
+def read(dialect: Dialect, periods: Mapping[str, int]) -> Started:
+    """The units each resource of `periods` started in its window ending now."""
     if not periods:
         return Started({}, {})
     sql, params = read_sql(dialect, periods)
     with dialect.cursor() as cursor:
         cursor.execute(sql, params)
-        return count(cursor.fetchall(), periods, now)
+        return count(cursor.fetchall())
+
+
+def reopens_at(
+    dialect: Dialect, name: str, period: int, needed: int, now: dt.datetime
+) -> dt.datetime:
+    """When enough of `name`'s window will have left it for `needed` more units to fit (the
+    rows read oldest first; a window that never frees enough: when its last row leaves)."""
+    rows = ResourceStart.objects.using(dialect.using).filter(
+        resource=name, started_at__gt=now - length(period)
+    )
+    freed, at = 0, now
+    for started_at, units in rows.order_by("started_at").values_list("started_at", "units"):
+        freed += units
+        at = aware(started_at)
+        if freed >= needed:
+            break
+    return at + length(period)
 
 
 def record(
-    dialect: Dialect, started: Mapping[str, int], periods: Mapping[str, int]
+    dialect: Dialect,
+    started: Mapping[str, int],
+    periods: Mapping[str, int],
+    spent: Mapping[tuple[str, str], int] | None = None,
 ) -> dt.datetime | None:
-    """Record the units `started` of each rated resource at the database's clock read now, and
-    forget the rows of those resources that left their windows; return that time (None: none
-    started)."""
+    """Record the units `started` of each rated resource at the database's clock read now,
+    and their spend by handler (`spent`: {(resource, handler): units}); forget the rows of
+    those resources that left their windows; return that time (None: none started)."""
     started = {name: units for name, units in started.items() if units}
     if not started:
         return None
@@ -100,18 +134,59 @@ def record(
     for name in sorted(started):
         old |= Q(resource=name, started_at__lte=now - seconds(periods[name] + MARGIN))
     rows.filter(old).delete()
+    if spent:
+        add_spend(dialect, now, spent)
     return now
 
 
-def give_back(dialect: Dialect, units: Iterable[tuple[Mapping[str, int], dt.datetime]]) -> None:
+def add(
+    dialect: Dialect,
+    name: str,
+    at: dt.datetime,
+    units: int,
+    kind: str,
+    *,
+    used: int | None = None,
+    handler: str | None = None,
+    now: dt.datetime | None = None,
+) -> None:
+    """Write one row of `name`'s window at `at` (a grant, a settlement, a give-back), and the
+    units' spend by `handler` in the minute of `now` (the database's time of the write)."""
+    ResourceStart.objects.using(dialect.using).create(
+        resource=name, started_at=at, units=units, kind=kind, used=used
+    )
+    if handler is not None and units:
+        add_spend(dialect, now or at, {(name, handler): units})
+
+
+def give_back(
+    dialect: Dialect, units: Iterable[tuple[Mapping[str, int], dt.datetime, str | None]]
+) -> None:
     """Give back units that were counted but never started (a job handed back before its
-    handler ran): one row of each resource's units, negative, at the time they were counted,
-    so that every window that counted them counts them no more."""
-    rows = [
-        ResourceStart(resource=name, started_at=at, units=-n)
-        for counted, at in units
-        for name, n in sorted(counted.items())
-        if n
-    ]
+    handler ran): a row of each resource's units, negative, at the time they were counted, so
+    that every window that counted them counts them no more. `units`: (counted, at, handler)."""
+    rows: list[ResourceStart] = []
+    spent: dict[tuple[str, str], int] = {}
+    for counted, at, handler in units:
+        for name, n in sorted(counted.items()):
+            if n:
+                rows.append(
+                    ResourceStart(
+                        resource=name, started_at=at, units=-n, kind=ResourceStart.Kind.BACK
+                    )
+                )
+                if handler is not None:
+                    spent[(name, handler)] = spent.get((name, handler), 0) - n
     if rows:
         ResourceStart.objects.using(dialect.using).bulk_create(rows)
+        add_spend(dialect, dialect.now(), spent)
+
+
+def add_spend(dialect: Dialect, now: dt.datetime, spent: Mapping[tuple[str, str], int]) -> None:
+    """Add `spent` ({(resource, handler): units}) to the minute of `now` (an upsert each)."""
+    minute = now.astimezone(dt.UTC).replace(second=0, microsecond=0)
+    dialect.add_to_minutes(
+        MinuteSpend, ("minute", "resource", "handler"), "units",
+        [((minute, name, handler), units) for (name, handler), units in sorted(spent.items())
+         if units],
+    )  # fmt: skip

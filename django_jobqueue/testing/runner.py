@@ -144,6 +144,7 @@ def run_jobs(
             claimed=time.monotonic(),
             lease_ttl=settings.lease_ttl,
             ignore_delays=ignore_delays,
+            apply_limits=False,
         )
         ran.setdefault(job.id, None)
         types[job.type] += 1

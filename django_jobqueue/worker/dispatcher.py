@@ -255,8 +255,14 @@ class Dispatcher:
             self.flights.remove(flight)
             flight.recorded = True
         # The units the late ones' claims counted, never used: back to their windows.
-        unused = [(f.rated_units, f.counted_at) for f, exc, _ in taken if exc is None]
-        window.give_back(self.dialect, [(u, at) for u, at in unused if u and at is not None])
+        window.give_back(
+            self.dialect,
+            [
+                (f.rated_units, f.counted_at, f.job.type)
+                for f, exc, _ in taken
+                if exc is None and f.rated_units and f.counted_at is not None
+            ],
+        )
         closed = [(f, exc) for f, exc, was_closed in taken if was_closed]
         if closed:
             # The server is (most likely) back: the threads reconnected, no pause is needed.

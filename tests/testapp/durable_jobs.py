@@ -225,3 +225,14 @@ def send_in_transaction(key: str, payload: Any, rollback: bool) -> None:
                 raise Rollback
     except Rollback:
         pass
+
+
+@jobqueue.handler("durable.budget_then_fail", takes_context=True)
+def budget_then_fail(ctx: jobqueue.JobContext, fail_once: bool = False) -> dict[str, Any]:
+    """Acquire and settle, then fail the first attempt: the second replays both."""
+    grant = ctx.acquire("daily:2", 10)
+    ctx.settle(grant, 5)
+    grants = ctx.step("grants", lambda: [[grant.units, grant.granted_at.isoformat()]])
+    if fail_once and ctx.attempt == 1:
+        raise RuntimeError("once")
+    return {"grants": [grants[0], [grant.units, grant.granted_at.isoformat()]]}

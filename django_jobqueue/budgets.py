@@ -1,0 +1,246 @@
+"""Units taken while a job runs, and settled by what was used: `ctx.acquire()`, `ctx.settle()`.
+
+A long job (an LLM pipeline of many calls) needs room in a shared rate, a token budget say,
+at the moment of each call, not when it started; and the cost of a call is known only after
+it. So:
+
+- `acquire(resource, units)` takes units of a resource that JOBQUEUE["LIMITS"] gives a rate,
+  in its window (`limits.window`, the one counter of every rate), under the resource's lock
+  row, and returns a `Grant`. With no room it suspends the job (`scheduled`, no lease, no
+  place under any limit, no attempt used) until the window will have room, and tries again
+  when the job runs again;
+- `settle(grant, used)` writes what the work really used, at the grant's time: less gives the
+  difference back to the window at once, more charges it to the window the grant was taken
+  in. `settle(resource, used)` does the same for the units the job's `uses` took at its claim.
+
+Both are durable calls (records "@acquire" and "@settle", written in the transaction of their
+window's row, fenced by the lease): a replay returns the same grant and takes nothing again,
+and never settles twice. In any window the units granted (each settlement counted at its
+grant's time) never exceed the rate; only a settlement above its grant can push a window
+over, by at most that excess, and no grant is made in that window until it has room again.
+A grant never settled counts as granted. `testing.run_jobs()` applies no limit: a grant is
+made at once, and nothing is counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from . import conf, signals
+from .dialects.base import aware
+from .durable import MISSING, fence, write
+from .exceptions import InvalidJobError, Suspend
+from .limits import live, window
+from .limits.spec import Spec, find
+from .models import Job, Limit, ResourceStart
+from .validation import INT_MAX, name_problem
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+ACQUIRE, SETTLE = "@acquire", "@settle"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """Units of a rated resource that `ctx.acquire()` granted a running job.
+
+    Attributes:
+        resource: The resource ("openai-tokens", "tenant-tokens:42").
+        units: The units granted.
+        granted_at: The database's time of the grant: the window its units (and their
+            settlement) count in.
+        job_id: The job it was granted to.
+        seq: Which of the job's acquires it was (1, 2, ...): with `job_id`, its identity.
+    """
+
+    resource: str
+    units: int
+    granted_at: dt.datetime
+    job_id: int
+    seq: int
+
+    @property
+    def key(self) -> str:
+        """The grant's identity in its job's records ("<job id>:<seq>")."""
+        return f"{self.job_id}:{self.seq}"
+
+    def _record(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "units": self.units,
+            "granted_at": self.granted_at.isoformat(),
+        }
+
+    @classmethod
+    def _from_record(cls, found: dict[str, Any], job_id: int, seq: int) -> Grant:
+        at = dt.datetime.fromisoformat(found["granted_at"])
+        return cls(found["resource"], found["units"], at, job_id, seq)
+
+
+class _NoRoom(Exception):
+    """The window had no room: suspend until `until` (raised out of the grant's transaction)."""
+
+    def __init__(self, until: dt.datetime) -> None:
+        super().__init__(until)
+        self.until = until
+
+
+def rated(ctx: JobContext, resource: Any, units: Any = None) -> Spec:
+    """The limit of `resource` if it has a rate that `units` can fit; else InvalidJobError
+    (before anything is written)."""
+    problem = name_problem(resource, 255, star="none")
+    if problem:
+        raise InvalidJobError(f"acquire: the resource {problem}.")
+    specs = live.in_force(conf.get(), ctx._dialect.using)
+    found = find(resource, specs)
+    if found is None:
+        known = ", ".join(sorted(n for n, s in specs.items() if s.rate)) or "none"
+        raise InvalidJobError(
+            f"acquire: {resource!r} is not a resource of JOBQUEUE['LIMITS'] with a rate "
+            f"(rated: {known})."
+        )
+    entry, spec = found
+    if spec.rate is None:
+        raise InvalidJobError(
+            f"acquire: {resource!r} has no rate ({entry!r} gives it "
+            f"{spec.describe()}): only units of a rate are granted."
+        )
+    if units is not None:
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= INT_MAX:
+            raise InvalidJobError(f"acquire: units must be an integer >= 1, not {units!r}.")
+        if units > spec.rate[0]:
+            raise InvalidJobError(
+                f"acquire: {units} units of {resource!r} could never be granted: its rate "
+                f"({entry!r}) allows {spec.rate[0]} in a window."
+            )
+    return spec
+
+
+def acquire(ctx: JobContext, resource: str, units: int) -> Grant:
+    """ctx.acquire(): a grant of `units` of `resource`, from this run or an earlier one's
+    record; with no room in the window, suspend the job until it will have room."""
+    spec = rated(ctx, resource, units)
+    assert spec.rate is not None
+    seq, found = ctx._calls.next(ACQUIRE)
+    if found is not MISSING:
+        return Grant._from_record(found, ctx.job_id, seq)
+    dialect, lease = ctx._dialect, ctx._lease
+    try:
+        with dialect.step_transaction():
+            fence(dialect, lease)
+            # testing.run_jobs() applies no limit: nothing is counted there.
+            now = _take(ctx, resource, units, spec.rate) if ctx._apply_limits else dialect.now()
+            grant = Grant(resource, units, now, ctx.job_id, seq)
+            write(ctx, ACQUIRE, seq, grant._record(), None)
+    except _NoRoom as wait:
+        if ctx._ignore_delays:  # run_jobs(ignore_delays=True) never waits
+            raise AssertionError("unreachable: run_jobs applies no limit") from None
+        raise Suspend("sleep", until=wait.until) from None
+    ctx._calls.remember(ACQUIRE, seq, grant._record())
+    return grant
+
+
+def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> dt.datetime:
+    """Take `units` of `resource`'s window under its lock row (waited for: one resource);
+    return the database's time of the grant, or raise _NoRoom."""
+    dialect = ctx._dialect
+    cap, period = rate
+    Limit.objects.using(dialect.using).bulk_create([Limit(name=resource)], ignore_conflicts=True)
+    lock = dialect.lock_resources_sql([resource], wait=True)
+    rows, totals = dialect.execute_together([lock, window.read_sql(dialect, {resource: period})])
+    _, closed_until, clock = rows[0]
+    now = aware(clock)
+    closed = aware(closed_until) if closed_until else None
+    if closed is not None and closed > now:
+        raise _NoRoom(closed)
+    started = window.count(totals).units.get(resource, 0)
+    if started + units > cap:
+        raise _NoRoom(window.reopens_at(dialect, resource, period, started + units - cap, now))
+    window.add(dialect, resource, now, units, ResourceStart.Kind.GRANT, handler=_handler(ctx))
+    return now
+
+
+def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
+    """ctx.settle(): record what the work of a grant (or of the job's `uses` of a resource)
+    really used, at the grant's time; once, whatever the replays."""
+    if isinstance(used, bool) or not isinstance(used, int) or not 0 <= used <= INT_MAX:
+        raise InvalidJobError(f"settle: used must be an integer >= 0, not {used!r}.")
+    at: dt.datetime | None
+    if isinstance(target, Grant):
+        if target.job_id != ctx.job_id:
+            raise InvalidJobError(
+                f"settle: grant {target.key} belongs to job {target.job_id}, not {ctx.job_id}."
+            )
+        resource, granted, at, key = target.resource, target.units, target.granted_at, target.key
+    elif isinstance(target, str):
+        resource, key = target, f"uses:{target}"
+        granted, at = _claimed(ctx, resource)
+    else:
+        raise InvalidJobError(f"settle takes a Grant or a resource name, not {target!r}.")
+    rated(ctx, resource)
+    seq, found = ctx._calls.next(SETTLE)
+    if found is not MISSING:
+        return
+    if _settled(ctx, key):
+        raise InvalidJobError(f"settle: {key} was settled already; a grant is settled once.")
+    dialect, lease = ctx._dialect, ctx._lease
+    delta = used - granted
+    record = {"grant": key, "resource": resource, "granted": granted, "used": used}
+    with dialect.step_transaction():
+        fence(dialect, lease)
+        if ctx._apply_limits and at is not None:
+            window.add(
+                dialect, resource, at, delta, ResourceStart.Kind.SETTLE, used=used,
+                handler=_handler(ctx), now=dialect.now(),
+            )  # fmt: skip
+        write(ctx, SETTLE, seq, record, None)
+    ctx._calls.remember(SETTLE, seq, record)
+    if signals.connected(signals.units_settled):
+        job = ctx._job
+        signals.send(
+            signals.units_settled,
+            job_id=ctx.job_id,
+            job_type=job.type,
+            queue=job.queue,
+            group=job.group_key,
+            attempt=ctx.attempt,
+            worker_id=ctx.worker_id,
+            resource=resource,
+            granted=granted,
+            used=used,
+            grant=key,
+        )
+
+
+def _claimed(ctx: JobContext, resource: str) -> tuple[int, dt.datetime | None]:
+    """The units of `resource` the job's `uses` name, and the database's time at which its
+    claim counted them (None: not counted, so nothing to correct in a window)."""
+    uses = (
+        Job.objects.using(ctx._dialect.using)
+        .filter(pk=ctx.job_id)
+        .values_list("uses", flat=True)
+        .first()
+        or {}
+    )
+    if resource not in uses:
+        raise InvalidJobError(
+            f"settle: job {ctx.job_id} does not use {resource!r} (its uses: {sorted(uses)})."
+        )
+    return uses[resource], ctx._counted_at
+
+
+def _settled(ctx: JobContext, key: str) -> bool:
+    """Whether a record of this job already settles `key`."""
+    recorded = ctx._calls.recorded()
+    return any(
+        name == SETTLE and isinstance(value, dict) and value.get("grant") == key
+        for (name, _), value in recorded.items()
+    )
+
+
+def _handler(ctx: JobContext) -> str:
+    job = ctx._job
+    return str(job.type)

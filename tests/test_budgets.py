@@ -1,0 +1,145 @@
+"""Units taken while a job runs and settled by what was used: ctx.acquire() and ctx.settle(),
+with an in-process worker. The same across worker processes: tests/test_budgets_workers.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db.models import Sum
+
+import django_jobqueue as jobqueue
+from django_jobqueue import signals
+from django_jobqueue.models import Job, JobStep, ResourceStart
+from django_jobqueue.testing import run_jobs
+from tests.workflow_support import run_burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIMITS = {
+    "tokens": {"rate": "100/s"},
+    "daily:*": {"rate": "1000/d"},
+    "slots": {"concurrency": 2},
+}
+
+
+@pytest.fixture(autouse=True)
+def limits(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": LIMITS}
+
+
+def window_units(resource: str) -> int:
+    return ResourceStart.objects.filter(resource=resource).aggregate(n=Sum("units"))["n"] or 0
+
+
+def test_a_grant_is_taken_from_the_window_and_settled_by_what_was_used():
+    job = jobqueue.enqueue("budgets.calls", {"resource": "daily:7", "calls": 3, "estimate": 100,
+                                             "used": 40})  # fmt: skip
+    assert run_burst() == 0
+    done = Job.objects.get(pk=job.pk)
+    assert done.state == "done" and [c["used"] for c in done.result] == [40, 40, 40]
+    # Each grant took 100, each settlement gave 60 back: the window counts what was used.
+    assert window_units("daily:7") == 120
+    kinds = sorted(ResourceStart.objects.values_list("kind", "units"))
+    assert kinds == [("grant", 100)] * 3 + [("settle", -60)] * 3
+
+
+def test_a_settlement_above_its_grant_is_charged_to_its_window():
+    jobqueue.enqueue("budgets.calls", {"resource": "daily:8", "estimate": 100, "used": 250})
+    assert run_burst() == 0
+    assert window_units("daily:8") == 250
+
+
+def test_a_job_without_room_suspends_without_its_lease_and_runs_once_there_is_room():
+    """A full window: the job waits `scheduled`, with no lease and its attempt untouched,
+    until the window's oldest grant leaves it; then the call returns."""
+    jobqueue.enqueue("budgets.calls", {"resource": "tokens", "estimate": 90})
+    assert run_burst() == 0
+    second = jobqueue.enqueue("budgets.calls", {"resource": "tokens", "estimate": 20})
+    assert run_burst() == 0
+    waiting = Job.objects.get(pk=second.pk)
+    assert (waiting.state, waiting.lease_owner, waiting.attempts) == ("scheduled", None, 0)
+    assert waiting.run_after is not None
+    deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
+    while Job.objects.get(pk=second.pk).state != "done":
+        assert dt.datetime.now(dt.UTC) < deadline
+        run_burst()
+    assert Job.objects.get(pk=second.pk).attempts == 1
+
+
+def test_a_replay_gets_the_same_grant_and_never_settles_twice():
+    """A job that acquired and settled, then failed once: its second run replays both calls
+    from their records, taking and settling nothing again."""
+    job = jobqueue.enqueue("durable.budget_then_fail", {"fail_once": True}, max_attempts=2)
+    assert run_burst() == 0
+    while Job.objects.get(pk=job.pk).state not in ("done", "dead"):
+        run_burst()
+    done = Job.objects.get(pk=job.pk)
+    assert (done.state, done.attempts) == ("done", 2)
+    first, second = done.result["grants"]
+    assert first == second  # the same grant: its time and units
+    assert ResourceStart.objects.filter(kind="grant").count() == 1
+    assert ResourceStart.objects.filter(kind="settle").count() == 1
+    assert JobStep.objects.filter(job_id=job.pk, name="@settle").count() == 1
+
+
+def test_settle_corrects_the_units_the_jobs_uses_took_at_its_claim():
+    jobqueue.enqueue("budgets.settle_uses", {"used": 30}, uses={"tokens": 50})
+    assert run_burst() == 0
+    assert window_units("tokens") == 30
+    # (A busy machine may hand the job back once before it starts: its units go back too.)
+    assert list(ResourceStart.objects.filter(kind="settle").values_list("units")) == [(-20,)]
+
+
+def test_units_settled_is_sent_once_per_settlement():
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append((kwargs["resource"], kwargs["granted"], kwargs["used"], kwargs["job_type"]))
+
+    signals.units_settled.connect(receiver)
+    try:
+        jobqueue.enqueue("budgets.calls", {"resource": "daily:1", "calls": 2, "estimate": 10,
+                                           "used": 4})  # fmt: skip
+        assert run_burst() == 0
+    finally:
+        signals.units_settled.disconnect(receiver)
+    assert seen == [("daily:1", 10, 4, "budgets.calls")] * 2
+
+
+@pytest.mark.parametrize(
+    ("resource", "units", "match"),
+    [
+        ("slots", 1, "has no rate"),
+        ("nope", 1, "not a resource"),
+        ("tokens", 101, "could never be granted"),
+        ("tokens", 0, "integer >= 1"),
+        ("tokens", True, "integer >= 1"),
+        ("daily:*", 1, "must not contain"),
+        ("tenant:\x1b", 1, "control characters"),
+    ],
+)
+def test_bad_acquires_fail_the_job_before_anything_is_written(resource, units, match):
+    job = jobqueue.enqueue("budgets.acquire", {"resource": resource, "units": units},
+                           max_attempts=1)  # fmt: skip
+    assert run_burst() == 0
+    dead = Job.objects.get(pk=job.pk)
+    assert dead.state == "dead"
+    assert dead.last_error["type"] == "django_jobqueue.exceptions.InvalidJobError"
+    assert match in dead.last_error["message"]
+    assert not ResourceStart.objects.exists()
+    assert not JobStep.objects.filter(job_id=job.pk).exists()
+
+
+def test_run_jobs_grants_at_once_and_counts_nothing():
+    jobqueue.enqueue("budgets.calls", {"resource": "tokens", "calls": 3, "estimate": 90})
+    report = run_jobs()
+    assert [j.state for j in report.jobs] == ["done"]
+    assert not ResourceStart.objects.exists()
+
+
+def test_a_day_rate_is_a_rate():
+    from django_jobqueue.limits import parse_limits
+
+    assert parse_limits({"t": {"rate": "2000000/d"}})["t"].rate == (2_000_000, 86_400)
+    assert parse_limits({"t": {"rate": "5/d"}})["t"].describe()["rate"] == "5/d"

@@ -1,0 +1,59 @@
+"""Handlers of the budgets' tests (tests/test_budgets*.py): units taken while a job runs
+(`ctx.acquire`) and settled by what was used (`ctx.settle`)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import django_jobqueue as jobqueue
+
+
+def _note(marker: str | None, line: str) -> None:
+    if marker:
+        with Path(marker).open("a") as out:
+            out.write(line + "\n")
+
+
+@jobqueue.handler("budgets.calls", takes_context=True)
+def calls(
+    ctx: jobqueue.JobContext,
+    resource: str = "tokens",
+    calls: int = 1,
+    estimate: int = 10,
+    used: int | None = None,
+    spread: bool = False,
+    marker: str | None = None,
+    hold: float = 0.0,
+) -> list[dict[str, Any]]:
+    """`calls` simulated model calls: each takes `estimate` units, "calls the model", and
+    settles what it used (`used`, or at random at or below the estimate with `spread`)."""
+    done = []
+    for n in range(calls):
+        grant = ctx.acquire(resource, estimate)
+        _note(marker, f"granted {n}")
+        if hold:
+            time.sleep(hold)  # a worker killed here: between the grant and its settlement
+        spent = used if used is not None else estimate
+        if spread:
+            spent = random.Random(f"{ctx.job_id}:{n}").randint(1, estimate)
+        ctx.settle(grant, spent)
+        _note(marker, f"settled {n}")
+        done.append({"units": grant.units, "at": grant.granted_at.isoformat(), "used": spent})
+    return done
+
+
+@jobqueue.handler("budgets.settle_uses", takes_context=True, uses={"tokens": 50})
+def settle_uses(ctx: jobqueue.JobContext, used: int) -> int:
+    """A job whose `uses` took 50 tokens at its claim, settling what it used."""
+    ctx.settle("tokens", used)
+    return used
+
+
+@jobqueue.handler("budgets.acquire", takes_context=True)
+def acquire_only(ctx: jobqueue.JobContext, resource: str, units: Any) -> Any:
+    """One acquire, as given (bad input included)."""
+    grant = ctx.acquire(resource, units)
+    return grant.units
