@@ -28,7 +28,7 @@ from django.db.models.functions import Cast
 
 from .dialects import get_dialect
 from .dialects.functions import MinuteSlot
-from .models import Job, MinuteCount, MinuteSample
+from .models import Job, MinuteCount, MinuteSample, MinuteSpend
 from .records import ClaimedJob
 
 # Upper bounds, in seconds, of the latency buckets; the last bucket has no bound.
@@ -181,6 +181,7 @@ def store_sample(using: str, rows: list[MinuteSample]) -> None:
     cutoff = rows[0].minute - KEEP
     samples.filter(minute__lt=cutoff).delete()
     MinuteCount.objects.using(using).filter(minute__lt=cutoff).delete()
+    MinuteSpend.objects.using(using).filter(minute__lt=cutoff).delete()
 
 
 def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) -> dict[str, Any]:

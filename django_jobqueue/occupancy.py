@@ -9,9 +9,10 @@ WAITING_SCAN of them are counted) or belong to a limited group or queue.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Sum
 
 from . import conf, limits
 from .dialects import Dialect
@@ -19,7 +20,7 @@ from .limits import window
 from .limits.live import check_name, reopen, reset_limit
 from .limits.live import set_limit as _set_limit
 from .limits.resources import Resources
-from .models import Job, Limit, LimitSetting
+from .models import Job, Limit, LimitSetting, MinuteSpend
 
 __all__ = ["check_name", "current", "occupancy", "reopen", "reset_limit", "set_limit"]
 
@@ -93,7 +94,7 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     names = sorted({*rows, *specs, *used})
     periods = {n: found[1].rate[1] for n in names if (found := limits.find(n, specs))
                and found[1].rate and not n.endswith("*")}  # fmt: skip
-    started = window.read(dialect, periods).units
+    held = window.by_kind(dialect, periods)
     entries = []
     for name in names:
         if name.endswith("*") and name in specs:  # a pattern: the sums of its resources
@@ -108,7 +109,9 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
                 "limit": entry,
                 **spec.describe(),
                 "in_flight": in_flight.get(name, 0),
-                "started_in_window": started.get(name, 0) if spec.rate else None,
+                "started_in_window": held.get(name, {}).get("net", 0) if spec.rate else None,
+                "granted_in_window": held.get(name, {}).get("granted", 0) if spec.rate else None,
+                "settled_in_window": held.get(name, {}).get("settled", 0) if spec.rate else None,
                 "closed_until": closed.isoformat() if closed and closed > now else None,
                 "waiting": waiting.get(name, 0),
                 "changed": entry in changed,
@@ -119,6 +122,21 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
             }
         )
     return entries
+
+
+def spend(dialect: Dialect, minutes: int) -> list[dict[str, Any]]:
+    """The units each handler spent of each resource over the last `minutes` minutes (claims'
+    starts, grants, and their settlements), most first."""
+    since = dialect.now() - dt.timedelta(minutes=minutes)
+    rows = (
+        MinuteSpend.objects.using(dialect.using)
+        .filter(minute__gte=since.replace(second=0, microsecond=0))
+        .values_list("resource", "handler")
+        .annotate(n=Sum("units"))
+        .values_list("resource", "handler", "n")
+    )
+    found = [{"resource": r, "handler": h, "units": int(n or 0)} for r, h, n in rows if n]
+    return sorted(found, key=lambda e: (-e["units"], e["resource"], e["handler"]))
 
 
 def _pattern(
@@ -142,6 +160,8 @@ def _pattern(
         **specs[name].describe(),
         "in_flight": sum(n for r, n in in_flight.items() if mine(r)),
         "started_in_window": None,
+        "granted_in_window": None,
+        "settled_in_window": None,
         "closed_until": None,
         "waiting": sum(n for r, n in waiting.items() if mine(r)),
         "changed": name in changed,

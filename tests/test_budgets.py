@@ -143,3 +143,27 @@ def test_a_day_rate_is_a_rate():
 
     assert parse_limits({"t": {"rate": "2000000/d"}})["t"].rate == (2_000_000, 86_400)
     assert parse_limits({"t": {"rate": "5/d"}})["t"].describe()["rate"] == "5/d"
+
+
+def test_operators_see_the_units_granted_settled_and_spent(admin_client):
+    """jobqueue_limits --json shows, per rated resource, the units granted in its window, the
+    units their settlements said were used, and what the rate counts; the admin's Limits
+    page shows each handler's spend of each resource over the last hour and day."""
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.admin_support import url
+
+    jobqueue.enqueue("budgets.calls", {"resource": "daily:7", "calls": 3, "estimate": 100,
+                                       "used": 40})  # fmt: skip
+    assert run_burst() == 0
+    out = StringIO()
+    call_command("jobqueue_limits", "--json", stdout=out)
+    entry = {e["name"]: e for e in json.loads(out.getvalue())["limits"]}["daily:7"]
+    assert (entry["granted_in_window"], entry["settled_in_window"]) == (300, 120)
+    assert entry["started_in_window"] == 120
+    html = admin_client.get(url("limit_changelist")).content.decode()
+    spend = html[html.index('id="jq-spend"') :]
+    assert "daily:7" in spend and "budgets.calls" in spend and "<td>120</td>" in spend

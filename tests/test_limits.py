@@ -549,6 +549,8 @@ def test_the_command_lists_occupancy_and_changes_a_limit_live():
         "rate": None,
         "in_flight": 1,
         "started_in_window": None,
+        "granted_in_window": None,
+        "settled_in_window": None,
         "closed_until": None,
         "waiting": 2,
         "changed": False,

@@ -65,6 +65,8 @@ class LimitAdmin(OnePageAdmin):
         dialect = get_dialect(conf.get().database)
         return {
             "entries": occupancy.occupancy(dialect),
+            "spend_hour": occupancy.spend(dialect, 60),
+            "spend_day": occupancy.spend(dialect, 24 * 60),
             "queues": queues(dialect.using),
             "can_change": self.has_change_permission(request),
         }

@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from django.db.models import Q
+from django.db.models import Q, Sum
 
 from ..dialects import Dialect
 from ..dialects.base import aware, seconds
@@ -93,6 +93,34 @@ def read(dialect: Dialect, periods: Mapping[str, int]) -> Started:
     with dialect.cursor() as cursor:
         cursor.execute(sql, params)
         return count(cursor.fetchall())
+
+
+def by_kind(dialect: Dialect, periods: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """What the window of each resource of `periods` holds, by kind: {resource: {"granted":
+    units started by claims and granted by `ctx.acquire()`, "settled": units the settlements
+    of its grants said were used, "net": what the rate counts}} (for operators)."""
+    if not periods:
+        return {}
+    found: dict[str, dict[str, int]] = {}
+    rows = ResourceStart.objects.using(dialect.using)
+    by_period: dict[int, list[str]] = {}
+    for name, period in periods.items():
+        by_period.setdefault(period, []).append(name)
+    for period, names in by_period.items():
+        since = DbNow() - length(period)
+        for name, kind, units, used in (
+            rows.filter(resource__in=names, started_at__gt=since)
+            .values_list("resource", "kind")
+            .annotate(n=Sum("units"), u=Sum("used"))
+            .values_list("resource", "kind", "n", "u")
+        ):
+            entry = found.setdefault(name, {"granted": 0, "settled": 0, "net": 0})
+            entry["net"] += units or 0
+            if kind in (ResourceStart.Kind.START, ResourceStart.Kind.GRANT):
+                entry["granted"] += units or 0
+            elif kind == ResourceStart.Kind.SETTLE:
+                entry["settled"] += used or 0
+    return found
 
 
 def reopens_at(

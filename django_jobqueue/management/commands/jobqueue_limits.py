@@ -15,8 +15,10 @@ from django_jobqueue.exceptions import InvalidJobError
 
 class Command(BaseCommand):
     help = (
-        "List every limit of JOBQUEUE['LIMITS'] with what it holds now (units in flight, units "
-        "started in its window, closed until) and the ready jobs waiting for it; 'set' changes "
+        "List every limit (JOBQUEUE['LIMITS'], and the groups and queues of GROUP_LIMITS, "
+        "RATE_LIMITS and QUEUE_LIMITS) with what it holds now (units in flight; for a rate, the "
+        "units granted in its window, those settled, and what the rate counts; closed until) "
+        "and the ready jobs waiting for it; 'set' changes "
         "a limit and 'reset' goes back to the settings, both applied by running workers "
         "within 2 seconds."
     )
@@ -64,8 +66,8 @@ class Command(BaseCommand):
         if not entries:
             self.stdout.write("No limits: JOBQUEUE['LIMITS'] is empty and no resource was used.")
             return
-        header = ("resource", "limit", "concurrency", "in flight", "rate", "started",
-                  "closed until", "waiting")  # fmt: skip
+        header = ("resource", "limit", "concurrency", "in flight", "rate", "granted", "settled",
+                  "started", "closed until", "waiting")  # fmt: skip
         rows = [header]
         for e in entries:
             rows.append(
@@ -76,6 +78,8 @@ class Command(BaseCommand):
                     "-" if e["concurrency"] is None else str(e["concurrency"]),
                     str(e["in_flight"]),
                     e["rate"] or "-",
+                    "-" if e["granted_in_window"] is None else str(e["granted_in_window"]),
+                    "-" if e["settled_in_window"] is None else str(e["settled_in_window"]),
                     "-" if e["started_in_window"] is None else str(e["started_in_window"]),
                     e["closed_until"] or "-",
                     str(e["waiting"]),
