@@ -1,24 +1,32 @@
 """Drain N no-op jobs with W worker processes; report the steady rate and the peak RSS.
 
 `BENCH_DB=pg python -m bench.drain [--jobs 10000] [--workers 2] [--concurrency 8]`
+
+`--group g` puts the jobs in group g and `--uses '{"api": 1}'` gives them `uses`; with
+BENCH_GROUP_LIMITS, BENCH_RATE_LIMITS or BENCH_LIMITS (JSON, see bench/project/settings.py)
+the drain runs under those limits (issue 47's before-and-after runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from . import harness
 
 
-def drain(jobs: int, workers: int, args: list[str]) -> dict[str, float | None]:
+def drain(
+    jobs: int, workers: int, args: list[str], group: str = "", uses: dict | None = None
+) -> dict[str, float | None]:
     from django.db import transaction
 
     import django_jobqueue as jobqueue
 
     harness.reset()
+    spec: dict = {"type": "bench.noop", "group": group, **({"uses": uses} if uses else {})}
     with transaction.atomic():
-        jobqueue.enqueue_many([("bench.noop", {})] * jobs)
+        jobqueue.enqueue_many([spec] * jobs)
     harness.analyze()
     started = time.perf_counter()
     procs = harness.start_workers(workers, args)
@@ -56,11 +64,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--extra", default="", help="more jobqueue_worker arguments")
+    parser.add_argument("--group", default="", help="the jobs' group")
+    parser.add_argument("--uses", default="", help="the jobs' uses, as JSON")
     opts = parser.parse_args()
     harness.setup()
     args = ["--concurrency", str(opts.concurrency), *opts.extra.split()]
+    uses = json.loads(opts.uses) if opts.uses else None
     for workers in opts.workers:
-        harness.report("drain", drain(opts.jobs, workers, args))
+        harness.report("drain", drain(opts.jobs, workers, args, opts.group, uses))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,9 @@ if os.environ.get("BENCH_MAINTENANCE") == "0":
 if os.environ.get("BENCH_RETENTION"):
     JOBQUEUE["RETENTION"] = json.loads(os.environ["BENCH_RETENTION"])
 # BENCH_LIMITS='{"api": {"rate": "10/s"}}': LIMITS for the workers, as JSON (bench/limits_claim.py).
+for _name in ("GROUP_LIMITS", "RATE_LIMITS", "QUEUE_LIMITS"):
+    if os.environ.get(f"BENCH_{_name}"):
+        JOBQUEUE[_name] = json.loads(os.environ[f"BENCH_{_name}"])
 if os.environ.get("BENCH_LIMITS"):
     JOBQUEUE["LIMITS"] = json.loads(os.environ["BENCH_LIMITS"])
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -120,12 +120,15 @@ class Dispatcher:
     def rated_room(self, load: int) -> int:
         """How many jobs counted against a rate a claim may take at this executor load.
 
-        As many as there are free slots; with none, one, if the running handlers are short
-        enough to free a slot well within START_WITHIN (it waits for it ahead of the jobs
-        prefetched): a worker busy with short jobs has no free slot when it claims, and
-        would otherwise never start a rated job while its backlog lasts.
+        As many as will find a slot within START_WITHIN: the free slots, and the prefetch
+        that short handlers earn (`capacity()`: it assumes that prefetched jobs start within
+        PREFETCH_HORIZON, no longer than START_WITHIN). With no room, one, if the running
+        handlers are short enough to free a slot well within START_WITHIN (it waits for it
+        ahead of the jobs prefetched): a worker busy with short jobs has no free slot when
+        it claims, and would otherwise never start a rated job while its backlog lasts. A
+        rated job that would still start later is handed back (its units given back).
         """
-        free = self.concurrency - load
+        free = self.capacity() - load
         if free > 0:
             return free
         ewma = self.executor.ewma_duration
