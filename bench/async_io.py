@@ -7,6 +7,11 @@ Reports the steady rate (from the first job done to the last) as a fraction of t
 of the worker process, from /proc). With `--pgqueuer PYTHON` (default: the peer harness's venv,
 /tmp/peers-venv, when it exists) and BENCH_DB=pg, PGQueuer and Procrastinate run the same
 workload in the same run (bench/peer_sleep.py, under that interpreter), for ratios.
+
+With `--steps` (`--jobs 10000 --concurrency 64`): jobs of an async handler that each take 3
+durable steps of `await asyncio.sleep(0.05)`, their steady rate as a fraction of the ideal
+(concurrency / 0.15 s); then the CPU of one durable step in an async handler against one in a
+sync handler, in the worker (`steps`) and alone (`step_cpu`), in one run.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,15 +38,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 def ours(
-    jobs: int, seconds: float, concurrency: int, handler: str = "bench.async_sleep"
+    jobs: int,
+    seconds: float,
+    concurrency: int,
+    handler: str = "bench.async_sleep",
+    args: dict[str, float] | None = None,
 ) -> dict[str, float | int | str | None]:
+    """Our figures for `jobs` jobs of `handler` that each take `seconds` (with `args`, else
+    {"seconds": seconds})."""
     from django.db import transaction
 
     import django_jobqueue as jobqueue
 
     harness.reset()
     with transaction.atomic():
-        jobqueue.enqueue_many([(handler, {"seconds": seconds})] * jobs)
+        jobqueue.enqueue_many([(handler, args or {"seconds": seconds})] * jobs)
     harness.analyze()
     procs = harness.start_workers(1, ["--concurrency", str(concurrency), "--no-watchdog"])
     try:
@@ -101,6 +113,106 @@ def orm(jobs: int, seconds: float, concurrency: int) -> None:
     harness.report("async_orm_ratio", {"async_vs_sync": round(ratio, 2)})
 
 
+def step_cpu(count: int = 500, rounds: int = 6) -> dict[str, float]:
+    """CPU ms of one durable step (a no-op, recorded) in an async handler against a sync one.
+
+    The process's CPU time (every thread's) over `count` steps of a claimed job, in `rounds`
+    alternating rounds (the medians are kept): sync steps in this thread; async steps with an
+    async function and with a plain one, awaited on an event loop whose sync calls go to one
+    sync-call thread, as in a worker (`SyncCallThreads`).
+    """
+    import asyncio
+
+    import django_jobqueue as jobqueue
+    from django_jobqueue import conf, leases
+    from django_jobqueue.context import AsyncJobContext, JobContext
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.worker.sync_calls import SyncCallThreads
+
+    harness.reset()
+    dialect = get_dialect("default")
+    for _ in range(3):
+        jobqueue.enqueue("bench.steps")
+    claimed = leases.claim(dialect, owner="bench", queues=[], limit=3, lease_ttl=3600)
+    limit = conf.get().max_result_bytes
+    sync, afn, plain = (
+        (AsyncJobContext if n else JobContext)(
+            job.model(), job.attempts, "bench", 3600.0, dialect, _max_result_bytes=limit
+        )
+        for n, job in enumerate(claimed)
+    )
+    threads = SyncCallThreads(1)
+
+    async def anoop() -> None:
+        return None
+
+    async def async_steps(ctx: AsyncJobContext, fn: object, n: int) -> None:
+        for _ in range(n):
+            await ctx.step("noop", fn)
+
+    def sync_steps(n: int) -> None:
+        for _ in range(n):
+            sync.step("noop", lambda: None)
+
+    def cpu_ms(run: object) -> float:
+        started = time.process_time()
+        run()  # type: ignore[operator]
+        return 1000 * (time.process_time() - started) / count
+
+    sync_steps(20)  # connections opened, code warmed up
+    for ctx, fn in ((afn, anoop), (plain, lambda: None)):
+        asyncio.run(threads.run(async_steps(ctx, fn, 20)))
+    figures: dict[str, list[float]] = {"sync": [], "async": [], "async_plain_fn": []}
+    for _ in range(rounds):
+        figures["sync"].append(cpu_ms(lambda: sync_steps(count)))
+        figures["async"].append(
+            cpu_ms(lambda: asyncio.run(threads.run(async_steps(afn, anoop, count))))
+        )
+        figures["async_plain_fn"].append(
+            cpu_ms(lambda: asyncio.run(threads.run(async_steps(plain, lambda: None, count))))
+        )
+    threads.shutdown()
+    medians = {k: statistics.median(v) for k, v in figures.items()}
+    return {
+        "sync_step_cpu_ms": round(medians["sync"], 3),
+        "async_step_cpu_ms": round(medians["async"], 3),
+        "async_plain_fn_step_cpu_ms": round(medians["async_plain_fn"], 3),
+        "async_vs_sync": round(medians["async"] / medians["sync"], 2),
+        "async_plain_fn_vs_sync": round(medians["async_plain_fn"] / medians["sync"], 2),
+    }
+
+
+def steps(jobs: int, concurrency: int) -> None:
+    """Async jobs of 3 durable steps of a 0.05 s asyncio sleep; then a step's CPU, async / sync.
+
+    In the worker: the CPU per job of jobs with the 3 steps less that of jobs that wait as
+    long without any (an asyncio sleep; a time.sleep in a sync handler), over 3; the sync
+    steps' jobs are a third as many (each holds a thread). Alone: `step_cpu`.
+    """
+    three = {"count": 3, "seconds": 0.05}
+    figures = ours(jobs, 0.15, concurrency, "bench.async_steps", three)
+    harness.report("async_steps", figures)
+    cpu = {"async_steps": float(figures["cpu_ms_per_job"] or 0)}
+    for handler, args in (
+        ("bench.async_sleep", None),
+        ("bench.sleep", None),
+        ("bench.sync_steps", three),
+    ):
+        drained = ours(jobs // 3, 0.15, concurrency, handler, args)
+        cpu[handler.split(".")[1]] = float(drained["cpu_ms_per_job"] or 0)
+    async_step = (cpu["async_steps"] - cpu["async_sleep"]) / 3
+    sync_step = (cpu["sync_steps"] - cpu["sleep"]) / 3
+    harness.report(
+        "async_step_cpu",
+        {
+            "in_worker_async_step_cpu_ms": round(async_step, 3),
+            "in_worker_sync_step_cpu_ms": round(sync_step, 3),
+            "in_worker_async_vs_sync": round(async_step / sync_step, 2),
+            **step_cpu(),
+        },
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3072)
@@ -114,8 +226,15 @@ def main() -> None:
         "--orm", action="store_true",
         help="jobs that do one ORM read, one write and the wait: async against sync handlers",
     )  # fmt: skip
+    parser.add_argument(
+        "--steps", action="store_true",
+        help="async jobs of 3 durable steps of a 0.05 s sleep; a step's CPU, async / sync",
+    )  # fmt: skip
     args = parser.parse_args()
     harness.setup()
+    if args.steps:
+        steps(args.jobs, args.concurrency)
+        return
     if args.orm:
         orm(args.jobs, args.seconds, args.concurrency)
         return

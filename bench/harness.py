@@ -18,6 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = os.environ.get("BENCH_DB", "sqlite")
+NAME = os.environ.get("BENCH_DB_NAME", "jobqueue_bench")  # PostgreSQL's and MariaDB's
 
 
 def setup() -> None:
@@ -26,13 +27,13 @@ def setup() -> None:
     sys.path.insert(0, str(ROOT))
     if DB == "pg":
         subprocess.run(
-            ["createdb", "-h", "127.0.0.1", "-U", "postgres", "jobqueue_bench"],
+            ["createdb", "-h", "127.0.0.1", "-U", "postgres", NAME],
             capture_output=True,
         )
     elif DB == "mysql":
         subprocess.run(
             ["mariadb", "-uroot", "-h127.0.0.1", "-e",
-             "CREATE DATABASE IF NOT EXISTS jobqueue_bench CHARACTER SET utf8mb4"],
+             f"CREATE DATABASE IF NOT EXISTS {NAME} CHARACTER SET utf8mb4"],
             check=True,
         )  # fmt: skip
     import django

@@ -126,6 +126,22 @@ def main() -> None:
             what = f"claim ms beside {beside['suspended']:,} suspended jobs / empty table ({db})"
             rows.append(line(what, beside["full_ms"], beside["empty_ms"], "about 1x (<= 1.2x)",
                              beside["ratio"] <= 1.2))  # fmt: skip
+        steps = own.get(("async_steps", db, ""))
+        if steps:
+            what = f"async jobs, 3 steps of 0.05 s, jobs/s at concurrency 64 / (64 / 0.15 s) ({db})"
+            ideal = steps["concurrency"] / steps["job_seconds"]
+            rows.append(line(what, steps["steady_jobs_per_s"], ideal, ">= 0.7x",
+                             steps["of_ideal"] >= 0.7))  # fmt: skip
+        cpu = own.get(("async_step_cpu", db, ""))
+        if cpu and "in_worker_async_vs_sync" in cpu:
+            what = f"worker CPU ms of a step at concurrency 64, async / sync handler ({db})"
+            rows.append(line(what, cpu["in_worker_async_step_cpu_ms"],
+                             cpu["in_worker_sync_step_cpu_ms"], "<= 1.5x",
+                             cpu["in_worker_async_vs_sync"] <= 1.5))  # fmt: skip
+        if cpu:
+            what = f"CPU ms of one step alone, async / sync handler ({db})"
+            rows.append(line(what, cpu["async_step_cpu_ms"], cpu["sync_step_cpu_ms"], "<= 1.5x",
+                             cpu["async_vs_sync"] <= 1.5))  # fmt: skip
         for shape in ("dag", "container"):
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))

@@ -28,6 +28,9 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     for conc in 32 128; do
         BENCH_DB=$db "$PY" -m bench.async_io --orm --jobs 3000 --seconds 0.05 --concurrency $conc
     done
+    # Async durable steps: 10,000 jobs of 3 steps of a 0.05 s asyncio sleep at --concurrency 64
+    # (the rate against 64 / 0.15 s), and a step's CPU in an async handler against a sync one.
+    BENCH_DB=$db "$PY" -m bench.async_io --steps --jobs 10000 --concurrency 64
     # Server connections against the rate: direct, Django's pool, PgBouncer (PostgreSQL only).
     if [ "$db" = pg ]; then BENCH_DB=pg "$PY" -m bench.connections; fi
 done

@@ -29,10 +29,10 @@ from .registry import handler
 if TYPE_CHECKING:
     from .budgets import Grant
     from .containers import container
-    from .context import JobContext
+    from .context import AsyncJobContext, JobContext
     from .control import cancel, retry
-    from .enqueuing import enqueue
-    from .events import send_event
+    from .enqueuing import aenqueue, enqueue
+    from .events import asend_event, send_event
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
     from .schedules import schedule
@@ -43,6 +43,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [
+    "AsyncJobContext",
     "Fail",
     "Grant",
     "Graph",
@@ -62,6 +63,8 @@ __all__ = [
     "UnsupportedDatabaseError",
     "UpstreamFailed",
     "WaitTimeout",
+    "aenqueue",
+    "asend_event",
     "cancel",
     "container",
     "enqueue",
@@ -78,7 +81,9 @@ __all__ = [
 # `import django_jobqueue` must work in settings and in jobs.py at import time.
 _LAZY = {
     "enqueue": "enqueuing",
+    "aenqueue": "enqueuing",
     "JobContext": "context",
+    "AsyncJobContext": "context",
     "cancel": "control",
     "container": "containers",
     "retry": "control",
@@ -89,6 +94,7 @@ _LAZY = {
     "record_effect": "inbox",
     "schedule": "schedules",
     "send_event": "events",
+    "asend_event": "events",
 }
 
 

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from asgiref.sync import async_to_sync, sync_to_async
+
 from . import leases, limits, registry, signals, validation, wake
 from .conf import JobQueueSettings
-from .context import JobContext
+from .context import AsyncJobContext, JobContext
 from .dialects import Dialect
 from .exceptions import (
     Fail,
@@ -139,8 +141,8 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
 
     The result is checked here (in the executor thread, not the completer) to be JSON that
     can be stored: a result that is not is deterministic, so the attempt fails for good
-    rather than running the handler again. An async handler runs with `asyncio.run()` here;
-    a worker runs it on its event loop instead (`start_async`).
+    rather than running the handler again. An async handler runs here on an event loop of its
+    own (asgiref's `async_to_sync`); a worker runs it on its event loop instead (`start_async`).
     """
     if not _begin(flight, threading.get_ident()):
         return None  # released (shutdown) before it started
@@ -214,6 +216,8 @@ async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -
             raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
         finally:
             flight.leave_handler()
+            if flight.context is not None and flight.context._progress.pending is not None:
+                await sync_to_async(_flush_progress)(flight)  # off the loop, as its calls
     except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
         return _failed(flight, exc)
     return _succeeded(flight, result, conf)
@@ -338,8 +342,14 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
         return handler.func(*_context(dialect, conf, flight, handler), **flight.job.args)
     timeout = flight.job.timeout
     coro = _call_async(dialect, conf, flight)
+
+    async def main() -> Any:
+        return await (asyncio.wait_for(coro, timeout) if timeout else coro)
+
     try:
-        return asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
+        # On a loop of its own, whose thread-sensitive calls (the ORM's, the durable calls')
+        # come back to this thread and its connection: in run_jobs(), the test's.
+        return async_to_sync(main)()
     except TimeoutError:
         raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
 
@@ -356,7 +366,7 @@ def _context(
     """The handler's positional arguments: its JobContext, if it takes one."""
     if not handler.takes_context:
         return ()
-    context = JobContext(
+    context = (AsyncJobContext if handler.is_async else JobContext)(
         flight.job,
         flight.lease.attempt,
         flight.lease.owner,

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -30,7 +31,7 @@ except ImportError:  # Django < 6.0
     HAS_TASKS = False
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from .context import AsyncJobContext, JobContext
     from .models import Job
 
 TASK_KEY_PREFIX = "task"
@@ -93,6 +94,49 @@ if HAS_TASKS:
         def progress(self, current: float, total: float | None = None, message: str = "") -> None:
             """See `JobContext.progress`."""
             self.job.progress(current, total, message)
+
+    # An async task's durable calls are coroutines where DurableTaskContext's are plain
+    # methods (hence the `override` ignores), as AsyncJobContext's are JobContext's.
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class AsyncDurableTaskContext(DurableTaskContext):  # type: ignore[misc]
+        """The context of an async `takes_context=True` task: its durable calls are awaited
+        (see `AsyncJobContext`)."""
+
+        job: AsyncJobContext
+
+        async def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            """See `AsyncJobContext.step`."""
+            return await self.job.step(name, fn, *args, **kwargs)
+
+        async def sleep(self, seconds: float | dt.timedelta) -> None:  # type: ignore[override]
+            """See `AsyncJobContext.sleep`."""
+            await self.job.sleep(seconds)
+
+        async def sleep_until(self, when: dt.datetime) -> None:  # type: ignore[override]
+            """See `AsyncJobContext.sleep_until`."""
+            await self.job.sleep_until(when)
+
+        async def wait_for_event(
+            self, key: str, timeout: float | dt.timedelta | None = None
+        ) -> Any:
+            """See `AsyncJobContext.wait_for_event`."""
+            return await self.job.wait_for_event(key, timeout)
+
+        async def spawn(  # type: ignore[override]
+            self, key: str | None = None, args: dict[str, Any] | None = None, **options: Any
+        ) -> Job:
+            """See `AsyncJobContext.spawn`."""
+            return await self.job.spawn(key, args, **options)
+
+        async def wait_for(self, jobs: Any) -> dict[int, Any]:  # type: ignore[override]
+            """See `AsyncJobContext.wait_for`."""
+            return await self.job.wait_for(jobs)
+
+        async def progress(  # type: ignore[override]
+            self, current: float, total: float | None = None, message: str = ""
+        ) -> None:
+            """See `AsyncJobContext.progress`."""
+            await self.job.progress(current, total, message)
 
     class InvalidTaskArguments(InvalidTask, TypeError):
         """Task arguments that are not JSON-serializable (a TypeError, as Django documents)."""
@@ -356,7 +400,7 @@ if HAS_TASKS:
             task_started.send(type(self.backend), task_result=result)
             try:
                 if self.task.takes_context:
-                    context = DurableTaskContext(task_result=result, job=ctx)
+                    context = self._context(result, ctx)
                     value = self.task.call(context, *args, **kwargs)
                 else:
                     value = self.task.call(*args, **kwargs)
@@ -383,6 +427,16 @@ if HAS_TASKS:
             object.__setattr__(result, "_return_value", value)
             task_finished.send(type(self.backend), task_result=result)
             return value
+
+        def _context(self, result: TaskResult[Any, Any], ctx: JobContext) -> DurableTaskContext:
+            """The task's context: with awaited durable calls for an async task (which runs
+            on a loop of its own through Django's `Task.call`, its database calls back in
+            this thread)."""
+            if iscoroutinefunction(self.task.func):
+                from .context import AsyncJobContext
+
+                return AsyncDurableTaskContext(task_result=result, job=AsyncJobContext._of(ctx))
+            return DurableTaskContext(task_result=result, job=ctx)
 
     def _job_ref(dependency: Any) -> Any:
         """Accept a TaskResult, a Job or a job id as a dependency."""

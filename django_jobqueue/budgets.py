@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import conf, signals
 from .dialects.base import aware
-from .durable import MISSING, fence, write
+from .durable import MISSING, write
 from .exceptions import InvalidJobError, Suspend
 from .limits import live, window
+from .limits.resources import make_rows
 from .limits.spec import Spec, find
-from .models import Job, Limit, ResourceStart
+from .models import Job, ResourceStart
 from .validation import INT_MAX, name_problem
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ class Grant:
     def _from_record(cls, found: dict[str, Any], job_id: int, seq: int) -> Grant:
         at = dt.datetime.fromisoformat(found["granted_at"])
         return cls(found["resource"], found["units"], at, job_id, seq)
+
+
+class _NoRow(Exception):
+    """The resource has no `Limit` row yet: made outside the grant's transaction, then tried
+    again (an INSERT of a row another transaction holds waits, and on MySQL shares its lock)."""
 
 
 class _NoRoom(Exception):
@@ -127,14 +133,12 @@ def acquire(ctx: JobContext, resource: str, units: int) -> Grant:
     seq, found = ctx._calls.next(ACQUIRE)
     if found is not MISSING:
         return Grant._from_record(found, ctx.job_id, seq)
-    dialect, lease = ctx._dialect, ctx._lease
     try:
-        with dialect.step_transaction():
-            fence(dialect, lease)
-            # testing.run_jobs() applies no limit: nothing is counted there.
-            now = _take(ctx, resource, units, spec.rate) if ctx._apply_limits else dialect.now()
-            grant = Grant(resource, units, now, ctx.job_id, seq)
-            write(ctx, ACQUIRE, seq, grant._record(), None)
+        try:
+            grant = _grant(ctx, resource, units, spec.rate, seq)
+        except _NoRow:  # the resource's first grant: its row, then the grant
+            make_rows(ctx._dialect, [resource])
+            grant = _grant(ctx, resource, units, spec.rate, seq)
     except _NoRoom as wait:
         if ctx._ignore_delays:  # run_jobs(ignore_delays=True) never waits
             raise AssertionError("unreachable: run_jobs applies no limit") from None
@@ -143,16 +147,37 @@ def acquire(ctx: JobContext, resource: str, units: int) -> Grant:
     return grant
 
 
+def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], seq: int) -> Grant:
+    """Take `units` and write the grant's record in one transaction. The record's insert is
+    fenced by the lease (it locks the job's row while the lease is current, else LeaseLost
+    rolls the grant back): no fence before it is needed."""
+    dialect = ctx._dialect
+    with dialect.step_transaction():
+        # testing.run_jobs() applies no limit: nothing is counted there.
+        now = _take(ctx, resource, units, rate) if ctx._apply_limits else dialect.now()
+        grant = Grant(resource, units, now, ctx.job_id, seq)
+        write(ctx, ACQUIRE, seq, grant._record(), None)
+    return grant
+
+
 def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> dt.datetime:
     """Take `units` of `resource`'s window under its lock row (waited for: one resource);
     return the database's time of the grant, or raise _NoRoom."""
     dialect = ctx._dialect
     cap, period = rate
-    Limit.objects.using(dialect.using).bulk_create([Limit(name=resource)], ignore_conflicts=True)
     lock = dialect.lock_resources_sql([resource], wait=True)
-    rows, totals = dialect.execute_together([lock, window.read_sql(dialect, {resource: period})])
-    _, closed_until, clock = rows[0]
-    now = aware(clock)
+    # The grant's time is read by a statement of its own, after the lock is held: a locking
+    # SELECT computes its columns before it waits for the row (PostgreSQL's CLOCK_TIMESTAMP),
+    # or reads the clock once when it starts (MySQL's UTC_TIMESTAMP), and a grant stamped
+    # before the grants it waited for would leave later windows too early.
+    clock, clock_params = dialect.clock_sql()
+    rows, [(at,)], totals = dialect.execute_together(
+        [lock, (f"SELECT {clock}", clock_params), window.read_sql(dialect, {resource: period})]
+    )
+    if not rows:
+        raise _NoRow
+    _, closed_until, _ = rows[0]
+    now = aware(at)
     closed = aware(closed_until) if closed_until else None
     if closed is not None and closed > now:
         raise _NoRoom(closed)
@@ -175,9 +200,11 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
                 f"settle: grant {target.key} belongs to job {target.job_id}, not {ctx.job_id}."
             )
         resource, granted, at, key = target.resource, target.units, target.granted_at, target.key
+        kind = ResourceStart.Kind.SETTLE
     elif isinstance(target, str):
         resource, key = target, f"uses:{target}"
         granted, at = _claimed(ctx, resource)
+        kind = ResourceStart.Kind.USETTLE  # at the claim's time, as the units it corrects
     else:
         raise InvalidJobError(f"settle takes a Grant or a resource name, not {target!r}.")
     rated(ctx, resource)
@@ -186,16 +213,12 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
         return
     if _settled(ctx, key):
         raise InvalidJobError(f"settle: {key} was settled already; a grant is settled once.")
-    dialect, lease = ctx._dialect, ctx._lease
+    dialect = ctx._dialect
     delta = used - granted
     record = {"grant": key, "resource": resource, "granted": granted, "used": used}
-    with dialect.step_transaction():
-        fence(dialect, lease)
+    with dialect.step_transaction():  # the record's insert fences the lease (see _grant)
         if ctx._apply_limits and at is not None:
-            window.add(
-                dialect, resource, at, delta, ResourceStart.Kind.SETTLE, used=used,
-                handler=_handler(ctx), now=dialect.now(),
-            )  # fmt: skip
+            window.add(dialect, resource, at, delta, kind, used=used, handler=_handler(ctx))
         write(ctx, SETTLE, seq, record, None)
     ctx._calls.remember(SETTLE, seq, record)
     if signals.connected(signals.units_settled):

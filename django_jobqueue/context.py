@@ -1,8 +1,11 @@
-"""The context object a handler registered with ``takes_context=True`` receives first."""
+"""The context object a handler registered with ``takes_context=True`` receives first: a
+JobContext for a sync handler, an AsyncJobContext (whose durable calls are awaited) for an
+``async def`` one."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -124,7 +127,7 @@ class JobContext:
         order: a step called in a loop keeps one result per call. A step that raises records
         nothing: the attempt fails as usual and its finished steps stay recorded.
         """
-        return durable.step(self, name, fn, args, kwargs)
+        return durable.run(durable.step_plan(self, name, fn, args, kwargs))
 
     def sleep(self, seconds: float | dt.timedelta) -> None:
         """Suspend the job for `seconds`: it holds no lease, no thread and no limit meanwhile.
@@ -132,11 +135,11 @@ class JobContext:
         The handler stops at this call; the job is `scheduled` until the time has come, then
         runs again and the call returns at once.
         """
-        durable.sleep_until(self, None, seconds)
+        durable.run(durable.sleep_plan(self, None, seconds))
 
     def sleep_until(self, when: dt.datetime) -> None:
         """Suspend the job until `when` (an aware datetime), as `sleep()` does."""
-        durable.sleep_until(self, when, None)
+        durable.run(durable.sleep_plan(self, when, None))
 
     def wait_for_event(self, key: str, timeout: float | dt.timedelta | None = None) -> Any:
         """Return the payload of event `key` (`jobqueue.send_event`), suspending until it is
@@ -145,7 +148,7 @@ class JobContext:
         An event sent before the call is returned at once. The job waits as `waiting`,
         holding no lease, no thread and no limit.
         """
-        return durable.wait_for_event(self, key, timeout)
+        return durable.run(durable.event_plan(self, key, timeout))
 
     def spawn(
         self, key: str | None = None, args: dict[str, Any] | None = None, **options: Any
@@ -156,7 +159,7 @@ class JobContext:
         enqueue()'s options but `parent`. Whatever waits for this job waits for its children
         too (recursively): it is done once its handler returned and they are done.
         """
-        return durable.spawn(self, key, args, options)
+        return durable.run(durable.spawn_plan(self, key, args, options))
 
     def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:
         """Return {job id: result} once every one of `jobs` is final, suspending until then.
@@ -164,11 +167,11 @@ class JobContext:
         Raises `UpstreamFailed` if one ended `dead` or `cancelled`. The job waits as
         `waiting`, holding no lease, no thread and no limit.
         """
-        return durable.wait_for(self, jobs)
+        return durable.run(durable.wait_plan(self, jobs))
 
     def progress(self, current: float, total: float | None = None, message: str = "") -> None:
         """Record how far the job has got (`Job.progress`), at most about once a second."""
-        self._progress.set(self, current, total, message)
+        durable.run(durable.progress_plan(self, current, total, message))
 
     def acquire(self, resource: str, units: int) -> Grant:
         """Take `units` of `resource` (a resource JOBQUEUE["LIMITS"] gives a rate) now, and
@@ -191,3 +194,78 @@ class JobContext:
         `InvalidJobError`. Sends `units_settled`.
         """
         budgets.settle(self, grant, used)
+
+
+# The durable calls of an async handler are coroutines where JobContext's are plain methods:
+# the same names and arguments, awaited (hence the `override` ignores: mypy sees other
+# return types).
+class AsyncJobContext(JobContext):
+    """The context of an ``async def`` handler: a JobContext whose durable calls are awaited.
+
+    The worker passes one to async handlers registered with ``takes_context=True``
+    (``isinstance(ctx, JobContext)`` holds). Each durable call has the meaning, the records
+    and the replay rules of JobContext's (a job's records are the same whichever kind of
+    handler wrote them); its database work runs off the event loop, on the job's sync-call
+    thread, so the loop keeps running the worker's other async jobs meanwhile.
+    """
+
+    def __repr__(self) -> str:
+        return "Async" + super().__repr__()
+
+    @classmethod
+    def _of(cls, context: JobContext) -> AsyncJobContext:
+        """An async view of `context`: the same job, with the same records and progress."""
+        if isinstance(context, AsyncJobContext):
+            return context
+        twin = cls.__new__(cls)
+        twin.__dict__.update(context.__dict__)
+        return twin
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call `fn(*args, **kwargs)` once for this job, and return its result (JSON).
+
+        An ``async def`` `fn` is awaited on the worker's event loop; its result is then
+        recorded, fenced by the lease (its own ORM calls are not part of that transaction,
+        which may hold other jobs' records). A plain `fn`
+        runs off the loop, on the job's sync-call thread, in the transaction of its record:
+        its writes to the job's database and the record commit together, as in a sync
+        handler. Otherwise as `JobContext.step`.
+        """
+        return await durable.arun(durable.step_plan(self, name, fn, args, kwargs))
+
+    async def sleep(self, seconds: float | dt.timedelta) -> None:  # type: ignore[override]
+        """Suspend the job for `seconds`, as `JobContext.sleep` does."""
+        await durable.arun(durable.sleep_plan(self, None, seconds))
+
+    async def sleep_until(self, when: dt.datetime) -> None:  # type: ignore[override]
+        """Suspend the job until `when` (an aware datetime), as `JobContext.sleep_until` does."""
+        await durable.arun(durable.sleep_plan(self, when, None))
+
+    async def wait_for_event(self, key: str, timeout: float | dt.timedelta | None = None) -> Any:
+        """Return the payload of event `key`, as `JobContext.wait_for_event` does."""
+        return await durable.arun(durable.event_plan(self, key, timeout))
+
+    async def spawn(  # type: ignore[override]
+        self, key: str | None = None, args: dict[str, Any] | None = None, **options: Any
+    ) -> Job:
+        """Enqueue a child job of this one and return it, as `JobContext.spawn` does."""
+        return await durable.arun(durable.spawn_plan(self, key, args, options))
+
+    async def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:  # type: ignore[override]
+        """Return {job id: result} once every job is final, as `JobContext.wait_for` does."""
+        return await durable.arun(durable.wait_plan(self, jobs))
+
+    async def progress(  # type: ignore[override]
+        self, current: float, total: float | None = None, message: str = ""
+    ) -> None:
+        """Record how far the job has got, as `JobContext.progress` does."""
+        await durable.arun(durable.progress_plan(self, current, total, message))
+
+    async def acquire(self, resource: str, units: int) -> Grant:  # type: ignore[override]
+        """Take `units` of `resource` now, as `JobContext.acquire` does (the grant's
+        transaction runs off the loop, on the job's sync-call thread)."""
+        return await durable.in_thread(functools.partial(budgets.acquire, self, resource, units))
+
+    async def settle(self, grant: Grant | str, used: int) -> None:  # type: ignore[override]
+        """Record what the work of `grant` really used, as `JobContext.settle` does."""
+        await durable.in_thread(functools.partial(budgets.settle, self, grant, used))

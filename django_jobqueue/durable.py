@@ -13,20 +13,29 @@ records the suspension (`leases.suspend`): the job goes back to `scheduled` or `
 holds no lease and no place under any limit, and has not used an attempt. It runs again when
 it is due, when its event is sent, or when the jobs it waits for are final.
 
+Each call is written once, as a plan (a generator) that decides and yields the parts that
+touch the database: `run()` calls those in the handler's thread (a sync handler), `arun()`
+awaits them through asgiref's `sync_to_async`, on the job's sync-call thread (an async
+handler), so that both kinds of handler write the same records and nothing blocks the loop.
+
 Internal records have names that start with "@" (a user's step name cannot).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
+import functools
 import json
 import logging
 import time
+import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import DatabaseError, InterfaceError
 
 from . import events, validation
@@ -48,6 +57,10 @@ if TYPE_CHECKING:
     from .records import ClaimedJob
 
 logger = logging.getLogger(__name__)
+
+# A call's plan: it yields its database parts (each a function of no argument, or a step's
+# Work) and is sent back what each returned; it returns the call's result.
+type Plan[T] = Generator[Callable[[], Any] | Work, Any, T]
 
 SLEEP, EVENT, SPAWN, WAIT = "@sleep", "@event", "@spawn", "@wait"
 # Records read with a claim, per resumed job on average (see `preload`).
@@ -88,15 +101,25 @@ class Calls:
         self._recorded = recorded
         self._counts: Counter[str] = Counter()
 
+    @property
+    def read(self) -> bool:
+        """Whether the job's records are known to this run (`load` has nothing to do)."""
+        return self._recorded is not None
+
+    def load(self) -> None:
+        """Read the job's records (once, at a run's first durable call)."""
+        rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
+        self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
+
     def next(self, name: str, *, decode: bool = True) -> tuple[int, Any]:
         """Number this run's next call of `name`; return (seq, its record or MISSING).
 
         With `decode=False` a record read with the claim may come back as `Stored` (the
         caller only asks whether there is one).
         """
-        if self._recorded is None:  # read once, at a run's first durable call
-            rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
-            self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
+        if self._recorded is None:
+            self.load()
+        assert self._recorded is not None
         self._counts[name] += 1
         seq = self._counts[name]
         found = self._recorded.get((name, seq), MISSING)
@@ -176,62 +199,268 @@ def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | N
         seq=seq,
         result=result,
         duration=duration,
+        mark=not ctx._calls.has_steps,  # the job's first record: say so on its row
     )
     if not recorded:
         raise _lease_lost(lease)
-    if not ctx._calls.has_steps:  # the job's first record: say so on its row (for the claim)
-        Job.objects.using(dialect.using).filter(pk=lease.job_id).update(has_steps=True)
 
 
-def _record(ctx: JobContext, name: str, seq: int, result: Any, pending: Any = MISSING) -> None:
+def _record(
+    ctx: JobContext,
+    name: str,
+    seq: int,
+    result: Any,
+    pending: Any = MISSING,
+    duration: float | None = None,
+) -> None:
     """Write one record in a transaction of its own, fenced by the lease; `pending`: the
     record a suspension wrote for this call, which this one replaces."""
     dialect, lease = ctx._dialect, ctx._lease
-    with dialect.step_transaction():
-        if pending is MISSING:
-            write(ctx, name, seq, result, None)
-        else:
+    if pending is MISSING:
+        with dialect.record_transaction():
+            write(ctx, name, seq, result, duration)
+    else:
+        with dialect.step_transaction():
             fence(dialect, lease)
             rows = JobStep.objects.using(dialect.using)
             rows.filter(job_id=lease.job_id, name=name, seq=seq).update(result=result)
     ctx._calls.remember(name, seq, result)
 
 
-def step(ctx: JobContext, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+# -- running a plan ------------------------------------------------------------------------------
+
+
+def run[T](plan: Plan[T]) -> T:
+    """Carry out `plan` in this thread (a sync handler's): call each database part here."""
+    try:
+        part = next(plan)
+        while True:
+            part = plan.send(part())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _call_part[T](part: Callable[[], T]) -> T:
+    return part()
+
+
+# Thread-sensitive: in a worker, on the job's sync-call thread (worker/sync_calls.py), where
+# its ORM calls run too; under async_to_sync (run_jobs, a Django task), on the calling thread.
+_in_thread = in_thread = sync_to_async(_call_part, thread_sensitive=True)
+
+
+async def arun[T](plan: Plan[T]) -> T:
+    """Carry out `plan` in an async handler: await each database part off the event loop."""
+    try:
+        part = next(plan)
+        while True:
+            if isinstance(part, Work):
+                part = plan.send(await part.awaited())
+            else:
+                part = plan.send(await _in_thread(part))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+# -- the records of async functions' steps, written together -------------------------------------
+
+# (context, name, seq, result, duration) of a record to write.
+type Record = tuple[JobContext, str, int, Any, float | None]
+
+
+class Batch:
+    """The records of async functions' steps waiting to be written, on one event loop.
+
+    Async jobs share a few sync-call threads (worker/sync_calls.py): one round trip a record
+    would queue behind the other jobs' records. The first step to wait writes every record
+    waiting by then (`write_records`: one statement where the dialect can), on its own
+    sync-call thread; the steps that came meanwhile wait, and one of them writes the next.
+    """
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[Record, asyncio.Future[None]]] = []
+        self.writing: asyncio.Future[None] | None = None  # done when the batch being written is
+
+    @classmethod
+    def of(cls, dialect: Dialect) -> Batch:
+        """The batch of `dialect`'s records on the running loop."""
+        batches = _batches.setdefault(asyncio.get_running_loop(), {})
+        return batches.setdefault(dialect.using, cls())
+
+    async def record(self, record: Record) -> None:
+        """Write `record` (with the others waiting); LeaseLost if its lease is gone."""
+        recorded = asyncio.get_running_loop().create_future()
+        self.waiting.append((record, recorded))
+        try:
+            while not recorded.done():
+                if self.writing is None:
+                    await self._write()
+                else:  # not cancelled with a waiter: it is the batch's
+                    await asyncio.wait([self.writing])
+        except asyncio.CancelledError:
+            self.waiting = [item for item in self.waiting if item[1] is not recorded]
+            raise
+        recorded.result()
+
+    async def _write(self) -> None:
+        batch, self.waiting = self.waiting, []
+        writing = self.writing = asyncio.get_running_loop().create_future()
+        outcomes: list[BaseException | None] = []  # filled by the thread once it committed
+        try:
+            await _in_thread(functools.partial(write_records, [r for r, _ in batch], outcomes))
+        except Exception as exc:
+            outcomes = outcomes or [exc] * len(batch)
+        except BaseException:  # cancelled before the thread ended: it may not have begun
+            if not outcomes:
+                self.waiting[:0] = [item for item in batch if not item[1].cancelled()]
+            raise
+        finally:
+            for (_, recorded), outcome in zip(batch, outcomes, strict=False):
+                if recorded.done():
+                    continue
+                if outcome is None:
+                    recorded.set_result(None)
+                else:
+                    recorded.set_exception(outcome)
+            self.writing = None
+            writing.set_result(None)
+
+
+_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Batch]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def write_records(records: list[Record], outcomes: list[BaseException | None]) -> None:
+    """Write `records` together, each fenced by its job's lease; append to `outcomes`, for
+    each, None or its error (LeaseLost, ...).
+
+    When the batch fails, each record is written alone: one that cannot be stored fails only
+    its own step.
+    """
+    if len(records) == 1:  # its own statement is the cheaper
+        outcomes.append(_alone(*records[0]))
+        return
+    dialect = records[0][0]._dialect
+    results: list[BaseException | None] = []
+    try:
+        with dialect.record_transaction():
+            written = dialect.record_calls(
+                [
+                    (
+                        ctx.job_id,
+                        ctx.worker_id,
+                        ctx.attempt,
+                        name,
+                        seq,
+                        result,
+                        duration,
+                        not ctx._calls.has_steps,
+                    )  # the lease, the record, the first one's mark
+                    for ctx, name, seq, result, duration in records
+                ]
+            )
+        for ctx, name, seq, result, _ in records:
+            if ctx.job_id in written:
+                ctx._calls.remember(name, seq, result)
+                results.append(None)
+            else:
+                results.append(_lease_lost(ctx._lease))
+    except Exception:
+        results = [_alone(*record) for record in records]
+    outcomes.extend(results)
+
+
+def _alone(
+    ctx: JobContext, name: str, seq: int, result: Any, duration: float | None
+) -> Exception | None:
+    try:
+        _record(ctx, name, seq, result, duration=duration)
+    except Exception as exc:
+        return exc
+    return None
+
+
+# -- the calls -----------------------------------------------------------------------------------
+
+
+def _next(ctx: JobContext, name: str, *, decode: bool = True) -> Plan[tuple[int, Any]]:
+    """Number this run's next call of `name`, reading the job's records first if needed."""
+    if not ctx._calls.read:
+        yield ctx._calls.load
+    return ctx._calls.next(name, decode=decode)
+
+
+class Work:
+    """A step not recorded yet: its function, then its record.
+
+    Called (in a thread), the function runs in the step's transaction, so that its writes and
+    the record commit together. Awaited (`awaited`, in an async handler), a coroutine function
+    is awaited on the loop and its record then written (`Batch`); a plain function is called
+    as above, on the job's sync-call thread.
+    """
+
+    __slots__ = ("args", "ctx", "fn", "kwargs", "name", "seq")
+
+    def __init__(
+        self, ctx: JobContext, name: str, seq: int, fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> None:
+        self.ctx, self.name, self.seq = ctx, name, seq
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __call__(self) -> Any:
+        ctx = self.ctx
+        started = time.monotonic()
+        with ctx._dialect.step_transaction():
+            value = self._stored(self.fn(*self.args, **self.kwargs))
+            write(ctx, self.name, self.seq, value, time.monotonic() - started)
+        ctx._calls.remember(self.name, self.seq, value)
+        return value
+
+    async def awaited(self) -> Any:
+        if not iscoroutinefunction(self.fn):
+            return await _in_thread(self)
+        started = time.monotonic()
+        value = self._stored(await self.fn(*self.args, **self.kwargs))
+        record = (self.ctx, self.name, self.seq, value, time.monotonic() - started)
+        await Batch.of(self.ctx._dialect).record(record)
+        return value
+
+    def _stored(self, result: Any) -> Any:
+        """`result` as a later run will read it back; ResultNotStored if it cannot be."""
+        problem = validation.json_problem(result, "the result", self.ctx._max_result_bytes)
+        if problem:
+            raise ResultNotStored(
+                f"step {self.name!r} (call {self.seq}) of job {self.ctx.job_id} cannot store "
+                f"its result: {problem}"
+            )
+        # What a later run will read back: the result as JSON gives it (tuples as lists,
+        # keys as strings), returned now too, so that the first run sees what replays see.
+        return None if result is None else json.loads(json.dumps(result))
+
+
+def step_plan(
+    ctx: JobContext, name: str, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> Plan[Any]:
     """ctx.step(): `fn`'s result, from the record of an earlier run or by calling it."""
     validation.check_label("step name", name, 200)
     if name.startswith("@"):
         raise InvalidJobError(f"step names starting with '@' are reserved, not {name!r}")
-    seq, found = ctx._calls.next(name)
-    if found is not MISSING:
-        return copy.deepcopy(found)
-    dialect, lease = ctx._dialect, ctx._lease
-    started = time.monotonic()
-    with dialect.step_transaction():
-        result = fn(*args, **kwargs)
-        problem = validation.json_problem(result, "the result", ctx._max_result_bytes)
-        if problem:
-            raise ResultNotStored(
-                f"step {name!r} (call {seq}) of job {lease.job_id} cannot store its result: "
-                f"{problem}"
-            )
-        # What a later run will read back: the result as JSON gives it (tuples as lists,
-        # keys as strings), returned now too, so that the first run sees what replays see.
-        value = None if result is None else json.loads(json.dumps(result))
-        write(ctx, name, seq, value, time.monotonic() - started)
-    ctx._calls.remember(name, seq, value)
-    return copy.deepcopy(value)
+    seq, found = yield from _next(ctx, name)
+    if found is MISSING:
+        found = yield Work(ctx, name, seq, fn, args, kwargs)
+    return copy.deepcopy(found)
 
 
-def sleep_until(
+def sleep_plan(
     ctx: JobContext, until: dt.datetime | None, seconds: float | dt.timedelta | None
-) -> None:
+) -> Plan[None]:
     """ctx.sleep() and ctx.sleep_until(): return once the time has come, else suspend."""
     if seconds is not None:
         seconds = validation.check_seconds("sleep", seconds)
     elif until is not None:
         until = validation.check_datetime("sleep_until", until)
-    seq, found = ctx._calls.next(SLEEP, decode=False)
+    seq, found = yield from _next(ctx, SLEEP, decode=False)
     # Recorded: the record was written with the suspension, and this run is the resume that
     # the promoter made once the time had come (by the database clock). No clock is read.
     if ctx._ignore_delays or found is not MISSING:
@@ -242,21 +471,21 @@ def sleep_until(
     raise Suspend("sleep", until=until, records=[(SLEEP, seq, {"until": until.isoformat()})])
 
 
-def wait_for_event(ctx: JobContext, key: str, timeout: float | dt.timedelta | None) -> Any:
+def event_plan(ctx: JobContext, key: str, timeout: float | dt.timedelta | None) -> Plan[Any]:
     """ctx.wait_for_event(): the event's payload, WaitTimeout, or suspend until either."""
     validation.check_label("event key", key, 255)
     if timeout is not None:
         timeout = validation.check_seconds("timeout", timeout)
-    seq, found = ctx._calls.next(EVENT)
+    seq, found = yield from _next(ctx, EVENT)
     if found is not MISSING and "payload" in found:
         return copy.deepcopy(found["payload"])
     if found is not MISSING and found.get("timed_out"):
         raise WaitTimeout(f"no event {key!r} within {found.get('timeout')}s")
-    sent, payload = events.sent_payload(ctx._dialect, key)
+    sent, payload = yield functools.partial(events.sent_payload, ctx._dialect, key)
     if sent:
-        _record(ctx, EVENT, seq, {"key": key, "payload": payload}, found)
+        yield functools.partial(_record, ctx, EVENT, seq, {"key": key, "payload": payload}, found)
         return copy.deepcopy(payload)
-    now = ctx._dialect.now()
+    now = yield ctx._dialect.now
     if found is not MISSING:
         until = dt.datetime.fromisoformat(found["until"]) if found.get("until") else None
     else:
@@ -264,7 +493,8 @@ def wait_for_event(ctx: JobContext, key: str, timeout: float | dt.timedelta | No
     if until is not None and now >= until:
         if found is not MISSING:
             timeout = found.get("timeout")
-        _record(ctx, EVENT, seq, {"key": key, "timed_out": True, "timeout": timeout}, found)
+        timed_out = {"key": key, "timed_out": True, "timeout": timeout}
+        yield functools.partial(_record, ctx, EVENT, seq, timed_out, found)
         raise WaitTimeout(f"no event {key!r} within {timeout}s")
     records = []
     if found is MISSING:
@@ -284,46 +514,65 @@ def job_ids(jobs: Iterable[Any]) -> list[int]:
     return sorted(set(ids))
 
 
-def wait_for(ctx: JobContext, jobs: Iterable[Any]) -> dict[int, Any]:
+def wait_plan(ctx: JobContext, jobs: Iterable[Any]) -> Plan[dict[int, Any]]:
     """ctx.wait_for(): {job id: result} once every job is final, or suspend until then."""
     ids = job_ids(jobs)
     if ctx.job_id in ids:
         raise InvalidJobError("a job cannot wait for itself")
-    seq, found = ctx._calls.next(WAIT)
+    seq, found = yield from _next(ctx, WAIT)
     if found is MISSING or found.get("ids") != ids:
-        rows = Job.objects.using(ctx._dialect.using).filter(pk__in=ids)
-        states = dict(rows.values_list("pk", "state"))
+        states = yield functools.partial(_states, ctx, ids)
         missing = sorted(set(ids) - states.keys())
         if missing:
             raise InvalidJobError(f"wait_for: job(s) {missing} do not exist")
         if any(state not in Job.TERMINAL_STATES for state in states.values()):
-            _check_no_deadlock(ctx, ids)
+            yield functools.partial(_check_no_deadlock, ctx, ids)
             raise Suspend("jobs", job_ids=ids)
         found = {"ids": ids, "states": {str(pk): state for pk, state in sorted(states.items())}}
-        _record(ctx, WAIT, seq, found)
+        yield functools.partial(_record, ctx, WAIT, seq, found)
     failed = [(int(pk), s) for pk, s in found["states"].items() if s != Job.State.DONE]
     if failed:
         pk, state = failed[0]
         raise UpstreamFailed(f"job {pk} ended {state}")
-    results = Job.objects.using(ctx._dialect.using).filter(pk__in=ids)
-    return dict(results.values_list("pk", "result"))
+    results: dict[int, Any] = yield functools.partial(_results, ctx, ids)
+    return results
 
 
-def spawn(ctx: JobContext, key: str | None, args: Any, options: dict[str, Any]) -> Job:
+def _states(ctx: JobContext, ids: list[int]) -> dict[int, str]:
+    rows = Job.objects.using(ctx._dialect.using).filter(pk__in=ids)
+    return dict(rows.values_list("pk", "state"))
+
+
+def _results(ctx: JobContext, ids: list[int]) -> dict[int, Any]:
+    rows = Job.objects.using(ctx._dialect.using).filter(pk__in=ids)
+    return dict(rows.values_list("pk", "result"))
+
+
+def spawn_plan(ctx: JobContext, key: str | None, args: Any, options: dict[str, Any]) -> Plan[Job]:
     """ctx.spawn(): the child this call enqueued, in this run or an earlier one."""
-    from .enqueuing import spawn_child
-
     if "type" in options:  # enqueue()'s name for the key
         if key is not None:
             raise InvalidJobError("spawn() takes the handler key once: as `key` or as `type`")
         key = options.pop("type")
     if key is None:
         raise InvalidJobError("spawn() needs the child's handler key")
-    type = key
-
-    seq, found = ctx._calls.next(SPAWN)
+    seq, found = yield from _next(ctx, SPAWN)
+    child: Job
     if found is not MISSING:
-        return Job.objects.using(ctx._dialect.using).get(pk=found["job_id"])
+        child = yield functools.partial(_spawned, ctx, found["job_id"])
+    else:
+        child = yield functools.partial(_spawn, ctx, seq, key, args, options)
+    return child
+
+
+def _spawned(ctx: JobContext, pk: int) -> Job:
+    return Job.objects.using(ctx._dialect.using).get(pk=pk)
+
+
+def _spawn(ctx: JobContext, seq: int, type: str, args: Any, options: dict[str, Any]) -> Job:
+    """Enqueue the child and record the call, in one transaction fenced by the lease."""
+    from .enqueuing import spawn_child
+
     dialect, lease = ctx._dialect, ctx._lease
     with dialect.step_transaction():
         fence(dialect, lease)
@@ -333,6 +582,12 @@ def spawn(ctx: JobContext, key: str | None, args: Any, options: dict[str, Any]) 
     return child
 
 
+def progress_plan(ctx: JobContext, current: float, total: float | None, message: str) -> Plan[None]:
+    """ctx.progress(): keep the new progress, and write it if the last write is old enough."""
+    if ctx._progress.set(current, total, message):
+        yield functools.partial(ctx._progress.flush, ctx)
+
+
 class Progress:
     """A run's progress: written at most every PROGRESS_EVERY seconds, and when it ends."""
 
@@ -340,14 +595,14 @@ class Progress:
         self.pending: dict[str, Any] | None = None
         self.written_at = -PROGRESS_EVERY
 
-    def set(self, ctx: JobContext, current: float, total: float | None, message: str) -> None:
+    def set(self, current: float, total: float | None, message: str) -> bool:
+        """Keep the new progress; return whether it is time to write it (`flush`)."""
         self.pending = {
             "current": validation.check_number("progress current", current),
             "total": None if total is None else validation.check_number("progress total", total),
             "message": validation.check_label("progress message", message, 1000, allow_empty=True),
         }
-        if time.monotonic() - self.written_at >= PROGRESS_EVERY:
-            self.flush(ctx)
+        return time.monotonic() - self.written_at >= PROGRESS_EVERY
 
     def flush(self, ctx: JobContext) -> None:
         """Write the pending progress (one UPDATE, fenced by the lease; lost lease: nothing)."""

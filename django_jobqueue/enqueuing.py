@@ -8,6 +8,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 from django.db.models.base import ModelState
@@ -82,6 +83,31 @@ def enqueue(
     """
     options = JobOptions.pick(locals())
     return _enqueue(type, args, options, depends_on=depends_on, parent=parent, follow_caller=True)
+
+
+async def aenqueue(
+    type: str,
+    args: dict[str, Any] | None = None,
+    *,
+    depends_on: Iterable[JobRef] = (),
+    parent: JobRef | None = None,
+    group: str = "",
+    weight: int = 1,
+    priority: int = 0,
+    queue: str | None = None,
+    run_after: dt.datetime | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    unique_key: str | None = None,
+    uses: Mapping[str, int] | None = None,
+) -> Job:
+    """The async twin of `enqueue()`: the same arguments, checks, errors and result.
+
+    It runs `enqueue()` through ``sync_to_async`` (thread-sensitive, as the ORM's async API
+    does): in a transaction opened on that thread (``sync_to_async`` around
+    ``transaction.atomic()``, or an ASGI request's), the job joins it as `enqueue()`'s would.
+    """
+    return await sync_to_async(enqueue)(**locals())  # exactly enqueue()'s arguments
 
 
 def enqueue_direct(

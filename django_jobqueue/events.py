@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 
 from . import conf, validation, workflows
@@ -50,6 +51,15 @@ def send_event(key: str, payload: Any = None) -> bool:
         return True
 
     return dialect.run_in_caller_transaction(txn)
+
+
+async def asend_event(key: str, payload: Any = None) -> bool:
+    """The async twin of `send_event()`: the same arguments, checks, errors and result.
+
+    It runs `send_event()` through ``sync_to_async`` (thread-sensitive), so it joins a
+    transaction opened on that thread, as `aenqueue()` does.
+    """
+    return await sync_to_async(send_event)(key, payload)
 
 
 def lock_event(dialect: Dialect, key: str) -> bool:

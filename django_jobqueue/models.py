@@ -386,10 +386,14 @@ class ResourceStart(models.Model):
     rate (limits/window.py): LIMITS' and RATE_LIMITS' ("group:<name>")."""
 
     class Kind(models.TextChoices):
+        # At a claim's time, counted in windows MARGIN longer than the period (the handler
+        # starts a little after its claim counted it):
         START = "start", _("started by a claim")  # the units of a job's `uses`
-        GRANT = "grant", _("granted")  # ctx.acquire()
-        SETTLE = "settle", _("settled")  # ctx.settle(): `units` is used minus granted
         BACK = "back", _("given back")  # a job handed back unstarted: its units, negative
+        USETTLE = "usettle", _("uses settled")  # ctx.settle(resource): used minus counted
+        # At a running job's time, counted in windows of the period:
+        GRANT = "grant", _("granted")  # ctx.acquire()
+        SETTLE = "settle", _("settled")  # ctx.settle(grant): used minus granted
 
     resource = KeyField(_("resource"), max_length=255)
     started_at = models.DateTimeField(_("started"))

@@ -88,7 +88,7 @@ def test_settle_corrects_the_units_the_jobs_uses_took_at_its_claim():
     assert run_burst() == 0
     assert window_units("tokens") == 30
     # (A busy machine may hand the job back once before it starts: its units go back too.)
-    assert list(ResourceStart.objects.filter(kind="settle").values_list("units")) == [(-20,)]
+    assert list(ResourceStart.objects.filter(kind="usettle").values_list("units")) == [(-20,)]
 
 
 def test_units_settled_is_sent_once_per_settlement():
@@ -167,3 +167,25 @@ def test_operators_see_the_units_granted_settled_and_spent(admin_client):
     html = admin_client.get(url("limit_changelist")).content.decode()
     spend = html[html.index('id="jq-spend"') :]
     assert "daily:7" in spend and "budgets.calls" in spend and "<td>120</td>" in spend
+
+
+def test_rows_that_every_window_left_are_forgotten():
+    """The recorder's pass forgets grants' rows older than their resource's period (and the
+    margin); the rows still in a window stay, and those of a resource no longer rated stay
+    for the longest period."""
+    from django_jobqueue import conf
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.limits import live, window
+
+    dialect = get_dialect("default")
+    now = dialect.now()
+    rows = [("tokens", 2), ("tokens", 0.5), ("daily:1", 3600), ("daily:1", 90000),
+            ("gone", 3600), ("gone", 90000)]  # fmt: skip
+    ResourceStart.objects.bulk_create(
+        ResourceStart(resource=name, started_at=now - dt.timedelta(seconds=age), units=1,
+                      kind=ResourceStart.Kind.GRANT)
+        for name, age in rows
+    )  # fmt: skip
+    assert window.forget(dialect, live.in_force(conf.get(), "default")) == 3
+    left = sorted(ResourceStart.objects.values_list("resource", flat=True))
+    assert left == ["daily:1", "gone", "tokens"]

@@ -92,7 +92,7 @@ def test_bad_step_names_are_refused(name):
     from django_jobqueue import durable
 
     with pytest.raises(InvalidJobError):
-        durable.step(None, name, print, (), {})  # type: ignore[arg-type]
+        durable.run(durable.step_plan(None, name, print, (), {}))  # type: ignore[arg-type]
 
 
 # -- sleeps ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from django.test import override_settings
 
 from django_jobqueue import backends, exceptions
-from django_jobqueue.models import Job
+from django_jobqueue.models import Job, JobStep
 from django_jobqueue.worker import JobWorker, WorkerOptions
 from tests.conftest import ROOT, assert_clean_log, in_new_thread, poll
 
@@ -194,6 +194,28 @@ def test_a_task_that_takes_its_context_makes_durable_calls_through_it():
     assert result.return_value == {"first": 1, "payload": {"ok": True}, "child": 9}
     row = Job.objects.get(pk=result.id)
     assert row.attempts == 1 and row.progress["current"] == 3
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
+def test_an_async_task_that_takes_its_context_awaits_its_durable_calls():
+    """The same as above for an `async def` task: each durable call of its context is
+    awaited, with the same records and suspensions."""
+    import django_jobqueue as jobqueue
+
+    result = tasks.adurable_report.using(max_attempts=1).enqueue("report:8")
+    poll(lambda: run_burst() or Job.objects.get(pk=result.id).state == "waiting", timeout=60)
+    row = Job.objects.get(pk=result.id)
+    assert (row.lease_owner, row.attempts) == (None, 0)
+    assert row.progress["current"] == 1 and row.progress["message"] == "slept"
+    jobqueue.send_event("report:8", {"ok": True})
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == {"first": 1, "payload": {"ok": True}, "child": 9}
+    row = Job.objects.get(pk=result.id)
+    assert row.attempts == 1 and row.progress["current"] == 3
+    names = sorted(JobStep.objects.filter(job_id=row.pk).values_list("name", flat=True))
+    assert names == ["@event", "@sleep", "@spawn", "@wait", "first"]
 
 
 @requires_tasks

@@ -310,17 +310,32 @@ class Dialect:
         seq: int,
         result: Any,
         duration: float | None,
+        mark: bool = False,
     ) -> bool:
         """Insert the record of a durable call while the lease (owner, attempt) is current,
         locking the job's row until the caller's transaction ends; False (nothing written)
-        when the lease is gone.
+        when the lease is gone. With `mark` (the job's first record), say so on its row
+        (`has_steps`, which the claim reads).
 
         One statement, the fence and the insert together (INSERT ... SELECT ... FOR UPDATE):
         a step's record was a locking read, then an INSERT, each built by the ORM, which
-        made a step cost twice an `enqueue()`.
+        made a step cost twice an `enqueue()`. The mark is a second one, in the caller's
+        transaction.
         """
+        values = self._record_values(name, seq, result, attempt, duration)
+        with self.connection.cursor() as cursor:
+            cursor.execute(self._record_call_sql, [*values, job_id, owner, attempt])
+            recorded = bool(cursor.rowcount)
+        if recorded and mark:
+            Job.objects.using(self.using).filter(pk=job_id).update(has_steps=True)
+        return recorded
+
+    def _record_values(
+        self, name: str, seq: int, result: Any, attempt: int, duration: float | None
+    ) -> list[Any]:
+        """The values of a JobStep row's columns, in `_record_call_sql`'s order."""
         fields = {f.name: f for f in JobStep._meta.concrete_fields}
-        values = [
+        return [
             fields["name"].get_db_prep_save(name, self.connection),
             seq,
             fields["result"].get_db_prep_save(result, self.connection),
@@ -328,9 +343,25 @@ class Dialect:
             duration,
             fields["created_at"].get_db_prep_save(timezone.now(), self.connection),
         ]
-        with self.connection.cursor() as cursor:
-            cursor.execute(self._record_call_sql, [*values, job_id, owner, attempt])
-            return bool(cursor.rowcount)
+
+    def record_calls(self, items: Sequence[tuple[Any, ...]]) -> set[int]:
+        """Insert the records of several jobs' durable calls (one a job), as `record_call`
+        would each, in the caller's transaction; return the ids of the jobs recorded.
+
+        Each item is (job id, lease owner, attempt, name, seq, result, duration, mark).
+        """
+        recorded = set()
+        by_job = sorted(items, key=operator.itemgetter(0))  # rows locked in id order
+        for job_id, owner, attempt, name, seq, result, duration, mark in by_job:
+            if self.record_call(job_id=job_id, owner=owner, attempt=attempt, name=name, seq=seq,
+                                result=result, duration=duration, mark=mark):  # fmt: skip
+                recorded.add(job_id)
+        return recorded
+
+    def record_transaction(self) -> Any:
+        """The transaction that a record written alone (`record_call`, with no other write)
+        commits in: by default step_transaction()'s."""
+        return self.step_transaction()
 
     @functools.cached_property
     def _record_call_sql(self) -> str:

@@ -3,10 +3,11 @@ statement per claim and per finished batch (UPDATE ... RETURNING), and LISTEN/NO
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -581,6 +582,97 @@ class PostgreSQLDialect(Dialect):
             "WHERE job_id = ANY(%s::bigint[]) ORDER BY job_id LIMIT %s"
         )
         return self._fetch_records(sql, [array(ids), limit])
+
+    def record_call(
+        self,
+        *,
+        job_id: int,
+        owner: str,
+        attempt: int,
+        name: str,
+        seq: int,
+        result: Any,
+        duration: float | None,
+        mark: bool = False,
+    ) -> bool:
+        if not mark:
+            return super().record_call(job_id=job_id, owner=owner, attempt=attempt, name=name,
+                                       seq=seq, result=result, duration=duration)  # fmt: skip
+        # The mark and the insert in one statement (an UPDATE that locks and fences the
+        # row, in a CTE): a record is then one statement, even the job's first.
+        values = self._record_values(name, seq, result, attempt, duration)
+        with self.connection.cursor() as cursor:
+            cursor.execute(self._mark_and_record_sql, [job_id, owner, attempt, *values])
+            return bool(cursor.rowcount)
+
+    @functools.cached_property
+    def _mark_and_record_sql(self) -> str:
+        step, job = self.qn(JobStep._meta.db_table), self.qn(Job._meta.db_table)
+        states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
+        return (
+            f"WITH j AS (UPDATE {job} SET has_steps = true WHERE id = %s AND lease_owner = %s "
+            f"AND attempts = %s AND state IN ({states}) RETURNING id) "
+            f"INSERT INTO {step} (job_id, name, seq, result, attempt, duration, created_at) "
+            "SELECT j.id, %s, %s, %s, %s, %s, %s FROM j"
+        )
+
+    def record_calls(self, items: Sequence[tuple[Any, ...]]) -> set[int]:
+        # One statement for the batch: the rows locked in id order, the jobs' first records
+        # marked, the records inserted.
+        if not items:
+            return set()
+        table, steps = self.qn(Job._meta.db_table), self.qn(JobStep._meta.db_table)
+        key = ("record_calls_sql", table)
+        if key not in self._sql_cache:
+            now, _ = self.compile(DbNow())
+            states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
+            self._sql_cache[key] = (
+                f"""
+                WITH v AS (
+                    SELECT * FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, owner text,
+                        attempt int, name text, seq int, result jsonb, duration float8, mark bool)
+                ), fenced AS (
+                    SELECT j.id FROM {table} AS j JOIN v
+                        ON v.id = j.id AND v.owner = j.lease_owner AND v.attempt = j.attempts
+                    WHERE j.id = ANY(%s::bigint[]) AND j.state IN ({states})
+                    ORDER BY j.id FOR UPDATE OF j
+                ), marked AS (
+                    UPDATE {table} AS j SET has_steps = TRUE FROM v
+                    WHERE j.id = v.id AND v.mark AND j.id IN (SELECT id FROM fenced)
+                )
+                INSERT INTO {steps} (job_id, name, seq, result, attempt, duration, created_at)
+                SELECT v.id, v.name, v.seq, v.result, v.attempt, v.duration, {now}
+                FROM v WHERE v.id IN (SELECT id FROM fenced)
+                RETURNING job_id
+                """,
+                [],
+            )
+        sql, _ = self._sql_cache[key]
+        batch = json.dumps(
+            [
+                {
+                    "id": job_id,
+                    "owner": owner,
+                    "attempt": attempt,
+                    "name": name,
+                    "seq": seq,
+                    "result": result,
+                    "duration": duration,
+                    "mark": mark,
+                }
+                for job_id, owner, attempt, name, seq, result, duration, mark in items
+            ]
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [batch, array(sorted(item[0] for item in items))])
+            return {row[0] for row in cursor.fetchall()}
+
+    def record_transaction(self) -> Any:
+        # A record is one statement here (see record_call): in autocommit it needs no BEGIN
+        # and COMMIT trips.
+        if self.autocommit_statements and not self.connection.in_atomic_block:
+            return nullcontext()
+        return super().record_transaction()
 
     def promote_due(self, batch: int) -> dict[str, int]:
         # The promoter's transaction of four round trips (BEGIN, the locking read, the UPDATE,

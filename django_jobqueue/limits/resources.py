@@ -361,12 +361,7 @@ class Resources:
         if names and len(results[0]) < len(names):
             found = {row[0] for row in results[0]}
             missing = [name for name in names if name not in found]
-            existing = dialect.existing_resources(missing)
-            new = [name for name in missing if name not in existing]
-            if new:
-                Limit.objects.using(dialect.using).bulk_create(
-                    [Limit(name=name) for name in new], ignore_conflicts=True
-                )
+            if make_rows(dialect, missing):
                 results = dialect.execute_together([*lock, *statements])
         rows = results[0] if names else []
         now = aware(rows[0][2]) if rows else None
@@ -460,11 +455,23 @@ def _units(uses: Iterable[Mapping[str, int] | None], names: list[str]) -> dict[s
     return units
 
 
+def make_rows(dialect: Dialect, names: list[str]) -> list[str]:
+    """Make the `Limit` rows of `names` that are missing (read first without a lock: on MySQL
+    an INSERT IGNORE of an existing row takes a shared lock on it, which two transactions that
+    then lock it for update turn into a deadlock). Return the names that had none."""
+    new = sorted(set(names) - dialect.existing_resources(names))
+    if new:
+        Limit.objects.using(dialect.using).bulk_create(
+            [Limit(name=name) for name in new], ignore_conflicts=True
+        )
+    return new
+
+
 def close(dialect: Dialect, name: str, retry_after: float) -> None:
     """Close resource `name` for `retry_after` seconds (from the database's now): no claim
     starts a job that uses it until then. A later reopening time wins."""
     using = dialect.using
-    Limit.objects.using(using).bulk_create([Limit(name=name)], ignore_conflicts=True)
+    make_rows(dialect, [name])
     until = DbNow() + seconds(retry_after)
     Limit.objects.using(using).filter(name=name).filter(
         Q(closed_until__isnull=True) | Q(closed_until__lt=until)

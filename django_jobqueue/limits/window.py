@@ -12,9 +12,13 @@ so it is never earlier than their stamps, and every row is written inside the tr
 that holds the resource's lock row, so that claims and grants in every process and host count
 each other's.
 
-The window is held MARGIN longer than its period: a handler starts a little after its claim
-recorded the start, and not always the same little, so two batches recorded exactly one
-period apart could otherwise start in their handlers a little less than a period apart.
+A claim's row is held in the windows MARGIN longer than its period: a handler starts a little
+after its claim recorded the start, and not always the same little, so two batches recorded
+exactly one period apart could otherwise start in their handlers a little less than a period
+apart (the worker starts each within MARGIN / 2 of the count, or hands it back). A grant's
+row is written at the moment the handler takes its units, and is held for the period only:
+in any window of the period the units started, at claims and in handlers, never exceed the
+rate, and a budget's grants can use all of it.
 """
 
 from __future__ import annotations
@@ -25,17 +29,33 @@ from typing import Any, NamedTuple
 
 from django.db.models import Q, Sum
 
+from ..conf import RATE_PERIODS
 from ..dialects import Dialect
 from ..dialects.base import aware, seconds
 from ..dialects.functions import DbNow
 from ..models import MinuteSpend, ResourceStart
+from .spec import Spec, find
 
 MARGIN = 0.1  # seconds added to each window, for the spread between claim and handler start
 
 
-def length(period: int) -> dt.timedelta:
-    """How far back a window of `period` seconds reaches (its period and the margin)."""
-    return dt.timedelta(seconds=period + MARGIN)
+# The kinds of rows at a claim's time, held MARGIN longer (see above).
+AT_CLAIM = (ResourceStart.Kind.START, ResourceStart.Kind.BACK, ResourceStart.Kind.USETTLE)
+
+
+def length(period: int, kind: str = ResourceStart.Kind.START) -> dt.timedelta:
+    """How far back a window of `period` seconds reaches for a row of `kind`: the period, and
+    the margin for rows at a claim's time."""
+    return dt.timedelta(seconds=period + (MARGIN if kind in AT_CLAIM else 0.0))
+
+
+def _held(dialect: Dialect, period: int) -> tuple[str, list[Any]]:
+    """SQL true for a row of a resource of `period` that its window still holds now."""
+    longer, longer_params = dialect.compile(DbNow() - length(period))
+    shorter, shorter_params = dialect.compile(DbNow() - length(period, ResourceStart.Kind.GRANT))
+    kinds = ", ".join(f"'{kind}'" for kind in AT_CLAIM)
+    sql = f"started_at > {longer} AND (kind IN ({kinds}) OR started_at > {shorter})"
+    return sql, [*longer_params, *shorter_params]
 
 
 class Started(NamedTuple):
@@ -65,12 +85,12 @@ def read_sql(dialect: Dialect, periods: Mapping[str, int]) -> tuple[str, list[An
     parts, params = [], []
     for period, names in sorted(by_period.items()):
         named, named_params = dialect.in_sql("resource", names)
-        cutoff, cutoff_params = dialect.compile(DbNow() - length(period))
+        held, held_params = _held(dialect, period)
         parts.append(
             f"SELECT resource, SUM(units), MIN(started_at) FROM {table} "
-            f"WHERE {named} AND started_at > {cutoff} GROUP BY resource"
+            f"WHERE {named} AND {held} GROUP BY resource"
         )
-        params += [*named_params, *cutoff_params]
+        params += [*named_params, *held_params]
     return " UNION ALL ".join(parts), params
 
 
@@ -107,9 +127,11 @@ def by_kind(dialect: Dialect, periods: Mapping[str, int]) -> dict[str, dict[str,
     for name, period in periods.items():
         by_period.setdefault(period, []).append(name)
     for period, names in by_period.items():
-        since = DbNow() - length(period)
+        held = Q(kind__in=AT_CLAIM) | Q(
+            started_at__gt=DbNow() - length(period, ResourceStart.Kind.GRANT)
+        )
         for name, kind, units, used in (
-            rows.filter(resource__in=names, started_at__gt=since)
+            rows.filter(held, resource__in=names, started_at__gt=DbNow() - length(period))
             .values_list("resource", "kind")
             .annotate(n=Sum("units"), u=Sum("used"))
             .values_list("resource", "kind", "n", "u")
@@ -118,7 +140,7 @@ def by_kind(dialect: Dialect, periods: Mapping[str, int]) -> dict[str, dict[str,
             entry["net"] += units or 0
             if kind in (ResourceStart.Kind.START, ResourceStart.Kind.GRANT):
                 entry["granted"] += units or 0
-            elif kind == ResourceStart.Kind.SETTLE:
+            elif kind in (ResourceStart.Kind.SETTLE, ResourceStart.Kind.USETTLE):
                 entry["settled"] += used or 0
     return found
 
@@ -131,13 +153,18 @@ def reopens_at(
     rows = ResourceStart.objects.using(dialect.using).filter(
         resource=name, started_at__gt=now - length(period)
     )
-    freed, at = 0, now
-    for started_at, units in rows.order_by("started_at").values_list("started_at", "units"):
+    leaving = sorted(
+        (aware(at) + length(period, kind), units)
+        for at, units, kind in rows.values_list("started_at", "units", "kind")
+    )
+    freed, leaves = 0, now
+    for leaves, units in leaving:
+        if leaves <= now:
+            continue  # left already (a grant's row older than its period)
         freed += units
-        at = aware(started_at)
         if freed >= needed:
             break
-    return at + length(period)
+    return max(leaves, now)
 
 
 def record(
@@ -185,6 +212,27 @@ def add(
     )
     if handler is not None and units:
         add_spend(dialect, now or at, {(name, handler): units})
+
+
+def forget(dialect: Dialect, specs: Mapping[str, Spec]) -> int:
+    """Delete the rows that every window has left: of each resource, those older than its
+    rate's period and the margin (of a resource no longer rated, than the longest period).
+    A claim forgets its resources' old rows as it records (`record`); grants and settlements
+    do not, so the recorder calls this once a minute. Return the rows deleted."""
+    rows = ResourceStart.objects.using(dialect.using)
+    longest = max(RATE_PERIODS.values())
+    by_period: dict[int, list[str]] = {}
+    for name in rows.order_by().values_list("resource", flat=True).distinct():
+        found = find(name, specs)
+        rate = found[1].rate if found else None
+        by_period.setdefault(rate[1] if rate else longest, []).append(name)
+    now, deleted = dialect.now(), 0
+    for period, names in sorted(by_period.items()):
+        for start in range(0, len(names), 500):
+            chunk = names[start : start + 500]
+            old = rows.filter(resource__in=chunk, started_at__lte=now - length(period))
+            deleted += old.delete()[0]
+    return deleted
 
 
 def give_back(

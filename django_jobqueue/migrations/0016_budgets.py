@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='resourcestart',
             name='kind',
-            field=models.CharField(choices=[('start', 'started by a claim'), ('grant', 'granted'), ('settle', 'settled'), ('back', 'given back')], default='start', max_length=8, verbose_name='kind'),
+            field=models.CharField(choices=[('start', 'started by a claim'), ('back', 'given back'), ('usettle', 'uses settled'), ('grant', 'granted'), ('settle', 'settled')], default='start', max_length=8, verbose_name='kind'),
         ),
         migrations.AddField(
             model_name='resourcestart',

@@ -258,6 +258,7 @@ class JobWorker:
             lease_ttl=self.lease_ttl,
             healthy_for=heartbeat.healthy_for,
         )
+        completer.on_suspended = promoter.wake  # a job suspended until soon: promote it in time
         burst = BurstCheck(
             dialect,
             queues=self.queues,

@@ -69,6 +69,11 @@ class Completer(Duty):
         self.flights = flights
         self.on_empty = on_empty
         self.on_recorded = on_recorded
+        # Called after a write that suspended jobs until a time (a sleep, a budget's wait): the
+        # promoter looks again at when the next scheduled job is due (it may be sooner than
+        # its next tick).
+        self.on_suspended: Callable[[], None] | None = None
+        self._suspended = False
         self.tally: metrics.Tally | None = None  # set by the worker: the per-minute figures
         self._queue: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._pending: list[Outcome] = []
@@ -173,6 +178,10 @@ class Completer(Duty):
             self._writing = 0
         if self.on_recorded is not None and len(self._pending) < len(pending):
             self.on_recorded()
+        if self._suspended:
+            self._suspended = False
+            if self.on_suspended is not None:
+                self.on_suspended()
 
     def _finish(self, batch: list[Outcome]) -> list[Outcome]:
         """Write the outcomes in `batch` (outcomes.record); return those whose rows were busy."""
@@ -186,6 +195,8 @@ class Completer(Duty):
         )
 
     def _recorded(self, outcome: Outcome, state: str | None) -> None:
+        if state == "scheduled" and isinstance(outcome.error, Suspend | RateLimited):
+            self._suspended = True
         if self.tally is not None and state is not None:
             suspended = isinstance(outcome.error, Suspend | RateLimited)
             if outcome.error is None:

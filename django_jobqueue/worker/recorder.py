@@ -3,7 +3,8 @@
 Every RECORD_EVERY seconds it upserts the worker's own `MinuteCount` rows with the totals its
 dispatcher and completer tallied (`metrics.Tally`); once a minute it samples the ready backlog
 per queue, unless another worker did for that minute (`metrics.backlog`), and saves it and
-deletes the rows older than two days (`metrics.store_sample`). See metrics.py for what the
+deletes the rows older than two days (`metrics.store_sample`), and the rows of rated
+resources' windows that every window has left (`limits.window.forget`). See metrics.py for what the
 figures are and what they cost.
 """
 
@@ -15,8 +16,9 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import metrics
+from .. import conf, metrics
 from ..dialects import Dialect
+from ..limits import live, window
 from .duty import Duty
 
 RECORD_EVERY = 10.0
@@ -43,6 +45,10 @@ class Recorder(Duty):
             rows = metrics.backlog(using, self.dialect.now())
             if rows is not None:
                 self.dialect.run_in_transaction(lambda: metrics.store_sample(using, rows))
+                # The rows of rated resources that every window has left (grants' and
+                # settlements': a claim forgets its own as it records).
+                specs = live.in_force(conf.get(), using)
+                self.dialect.run_in_transaction(lambda: window.forget(self.dialect, specs))
             self._sampled = minute
         return None
 

@@ -57,3 +57,34 @@ def acquire_only(ctx: jobqueue.JobContext, resource: str, units: Any) -> Any:
     """One acquire, as given (bad input included)."""
     grant = ctx.acquire(resource, units)
     return grant.units
+
+
+@jobqueue.handler("budgets.acalls", takes_context=True)
+async def acalls(
+    ctx: jobqueue.AsyncJobContext,
+    resource: str = "tokens",
+    calls: int = 1,
+    estimate: int = 10,
+    used: int | None = None,
+    spread: bool = False,
+    marker: str | None = None,
+    hold: float = 0.0,
+) -> list[dict[str, Any]]:
+    """`budgets.calls` in an async handler: each simulated model call awaits its grant, its
+    call (an async step) and its settlement."""
+    import asyncio
+
+    done = []
+    for n in range(calls):
+        grant = await ctx.acquire(resource, estimate)
+        _note(marker, f"granted {n}")
+        if hold:
+            await asyncio.sleep(hold)  # a worker killed here: between the grant and its settlement
+        spent = used if used is not None else estimate
+        if spread:
+            spent = random.Random(f"{ctx.job_id}:{n}").randint(1, estimate)
+        await ctx.step("call", asyncio.sleep, 0.001)
+        await ctx.settle(grant, spent)
+        _note(marker, f"settled {n}")
+        done.append({"units": grant.units, "at": grant.granted_at.isoformat(), "used": spent})
+    return done

@@ -168,6 +168,7 @@ def upstream_sum(ctx: jobqueue.JobContext) -> int:
 
 from . import (  # noqa: E402
     admin_jobs,  # noqa: F401 - registers the admin tests' handlers
+    async_durable_jobs,  # noqa: F401 - registers the async durable jobs' handlers
     budget_jobs,  # noqa: F401 - registers the budgets' handlers
     chaos_jobs,  # noqa: F401 - registers the chaos suite's handlers
     connection_jobs,  # noqa: F401 - registers the handlers of the connection tests

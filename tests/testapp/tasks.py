@@ -97,6 +97,22 @@ if django.VERSION >= (6, 0):
         context.progress(3, 3, "done")
         return {"first": first, "payload": payload, "child": results[child.pk]}
 
+    @task(takes_context=True)
+    async def adurable_report(context: Any, key: str) -> dict[str, Any]:
+        """durable_report as an async task: its context's durable calls are awaited."""
+
+        async def attempt() -> int:
+            return int(context.attempt)
+
+        first = await context.step("first", attempt)
+        await context.progress(1, 3, "slept")
+        await context.sleep(0.01)
+        payload = await context.wait_for_event(key)
+        child = await context.spawn("durable.child", {"i": 3})
+        results = await context.wait_for([child])
+        await context.progress(3, 3, "done")
+        return {"first": first, "payload": payload, "child": results[child.pk]}
+
     @task()
     def sleepy(seconds: float) -> str:
         # Short sleeps, so the JobTimeout a worker raises into this thread lands promptly.

@@ -32,6 +32,20 @@ def steps(ctx, count=20, seconds=0.1, durable=True):
         ctx.progress(n + 1, count)
 
 
+@jobqueue.handler("bench.async_steps", takes_context=True)
+async def async_steps(ctx, count=3, seconds=0.05):
+    """`count` durable steps that each await asyncio.sleep(`seconds`) (an async handler)."""
+    for _ in range(count):
+        await ctx.step("wait", asyncio.sleep, seconds)
+
+
+@jobqueue.handler("bench.sync_steps", takes_context=True)
+def sync_steps(ctx, count=3, seconds=0.05):
+    """`count` durable steps that each time.sleep(`seconds`) (the sync twin of async_steps)."""
+    for _ in range(count):
+        ctx.step("wait", time.sleep, seconds)
+
+
 @jobqueue.handler("bench.sleep_once", takes_context=True)
 def sleep_once(ctx, seconds=0.05):
     """Suspend once for `seconds` (a durable sleep), then finish."""
@@ -62,3 +76,19 @@ async def async_orm_io(seconds=0.05):
     await JobEvent.objects.filter(key="bench-none").afirst()
     await JobEvent.objects.acreate(key=_event_key())
     await asyncio.sleep(seconds)
+
+
+@jobqueue.handler("bench.budget_calls", takes_context=True)
+async def budget_calls(ctx, calls=10, estimate=100, resource="tokens"):
+    """`calls` simulated model calls: each takes `estimate` units, awaits a 1 ms call (a step)
+    and settles a random 1 to `estimate` of them (the same for every run of a job)."""
+    import random
+
+    used = 0
+    for n in range(calls):
+        grant = await ctx.acquire(resource, estimate)
+        await ctx.step("call", asyncio.sleep, 0.001)
+        spent = random.Random(f"{ctx.job_id}:{n}").randint(1, estimate)
+        await ctx.settle(grant, spent)
+        used += spent
+    return used
