@@ -142,6 +142,16 @@ def main() -> None:
             what = f"CPU ms of one step alone, async / sync handler ({db})"
             rows.append(line(what, cpu["async_step_cpu_ms"], cpu["sync_step_cpu_ms"], "<= 1.5x",
                              cpu["async_vs_sync"] <= 1.5))  # fmt: skip
+        budget = own.get(("budgets", db, ""))
+        if budget:
+            what = f"ms of ctx.acquire() + ctx.settle() / one claim ({db})"
+            rows.append(line(what, budget["acquire_settle_ms"], budget["claim_ms"], "<= 1x",
+                             budget["ratio"] <= 1))  # fmt: skip
+        near = own.get(("budgets_approach", db, ""))
+        if near:
+            what = f'tokens settled a second / the rate "2000/s", 3 workers ({db})'
+            rows.append(line(what, near["fraction"] * 2000, 2000, ">= 0.8x",
+                             near["fraction"] >= 0.8))  # fmt: skip
         for shape in ("dag", "container"):
             flow = own.get(("workflows", db, shape))
             base = own.get(("workflows", db, "independent"))

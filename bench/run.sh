@@ -31,6 +31,10 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     # Async durable steps: 10,000 jobs of 3 steps of a 0.05 s asyncio sleep at --concurrency 64
     # (the rate against 64 / 0.15 s), and a step's CPU in an async handler against a sync one.
     BENCH_DB=$db "$PY" -m bench.async_io --steps --jobs 10000 --concurrency 64
+    # Budgets: ctx.acquire() plus ctx.settle() against one claim, and how close 3 workers come
+    # to a token rate (the units settled a second over the rate).
+    BENCH_DB=$db "$PY" -m bench.budgets
+    BENCH_DB=$db "$PY" -m bench.budgets --approach
     # Server connections against the rate: direct, Django's pool, PgBouncer (PostgreSQL only).
     if [ "$db" = pg ]; then BENCH_DB=pg "$PY" -m bench.connections; fi
 done

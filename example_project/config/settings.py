@@ -93,6 +93,10 @@ JOBQUEUE = {
     "RETRY_BACKOFF": 0.5,
     # Seconds one attempt may run before it is failed (default None: no limit).
     "TIMEOUT": 30,
+    # Resources that jobs share across all workers: here each tenant's daily token budget,
+    # which shop.summarize_reviews takes from call by call (ctx.acquire) and settles by what
+    # the model used (ctx.settle).
+    "LIMITS": {"llm-tokens:*": {"rate": "200000/d"}},
 }
 
 # Django's Tasks framework (django.tasks), backed by the same queue: a @task's .enqueue() writes a

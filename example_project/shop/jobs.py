@@ -121,3 +121,28 @@ def _fetch_page(month: str, page: int) -> int:
 
 def _publish(month: str, rows: int, by: str) -> dict[str, Any]:
     return {"month": month, "rows": rows, "approved_by": by}
+
+
+@jobqueue.handler("shop.summarize_reviews", takes_context=True)
+async def summarize_reviews(
+    ctx: jobqueue.AsyncJobContext, tenant: str, reviews: int
+) -> dict[str, Any]:
+    """An async durable job that pays a model by the token: each call takes room in the
+    tenant's daily token budget (ctx.acquire), is a step (made once, whatever the crashes),
+    and settles what the model really used (ctx.settle), which gives the rest back."""
+    used = 0
+    for review in range(1, reviews + 1):
+        grant = await ctx.acquire(f"llm-tokens:{tenant}", 800)  # the call's estimate
+        summary = await ctx.step("summarize", _call_model, review)
+        await ctx.settle(grant, summary["tokens"])
+        used += summary["tokens"]
+        await ctx.progress(review, reviews, f"summarized review {review} of {reviews}")
+    return {"tenant": tenant, "reviews": reviews, "tokens": used}
+
+
+async def _call_model(review: int) -> dict[str, Any]:
+    """Stands in for an async model client's call (httpx, the OpenAI or Anthropic SDK)."""
+    import asyncio
+
+    await asyncio.sleep(0.1)
+    return {"summary": f"review {review}: happy customer", "tokens": 300 + 40 * review}

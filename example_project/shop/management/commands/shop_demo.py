@@ -35,7 +35,7 @@ from rich.table import Table
 import django_jobqueue as jobqueue
 from django_jobqueue.admin import timeline
 from django_jobqueue.admin.graph import render
-from django_jobqueue.models import Job, JobStep, MinuteCount
+from django_jobqueue.models import Job, JobStep, MinuteCount, ResourceStart
 from shop.models import Order
 from shop.tasks import email_tracking
 
@@ -48,6 +48,7 @@ COLUMNS = ["waiting", "scheduled", "ready", "running", "done", "dead", "cancelle
 HEADERS = ["waiting", "sched.", "ready", "running", "done", "dead", "cancelled"]
 PAUSE = 1.0  # seconds the story lets you look at a dead or running job before it acts
 REPORT_MONTH, REPORT_PAGES = "2026-11", 5
+REVIEWS = 4  # the model calls of shop.summarize_reviews
 
 
 @dataclass
@@ -62,11 +63,13 @@ class Cast:
     search: Job
     order: Order
     report: Job
+    reviews: Job
 
     def roles(self) -> dict[int, str]:
         roles = {int(self.rates.pk): "rates", int(self.ship.pk): "ship"}
         roles |= {int(self.email.pk): "email", int(self.search.pk): "search"}
         roles[int(self.report.pk)] = "report"
+        roles[int(self.reviews.pk)] = "reviews"
         for tenant in TENANTS:
             roles[int(self.containers[tenant].pk)] = f"container:{tenant}"
             roles[int(self.publish[tenant].pk)] = f"publish:{tenant}"
@@ -140,7 +143,11 @@ class Command(BaseCommand):
             f"#{cast.report.pk} [cyan]shop.monthly_report[/]: a durable job. It fetches "
             f"{REPORT_PAGES} pages, each once (ctx.step), then waits for a manager's approval "
             "(ctx.wait_for_event): it holds no thread meanwhile. jobqueue.send_event() "
-            "approves it."
+            "approves it.\n"
+            f"#{cast.reviews.pk} [cyan]shop.summarize_reviews[/]: an async durable job that "
+            f"makes {REVIEWS} model calls, each an async step that first takes 800 tokens of "
+            "acme's daily budget (await ctx.acquire) and then settles what the model used "
+            "(await ctx.settle), giving the rest back."
         )
 
         concurrency = options["concurrency"]
@@ -409,7 +416,11 @@ def enqueue_story(products: int) -> Cast:
             "shop.monthly_report", {"month": REPORT_MONTH, "pages": REPORT_PAGES}, group=OPS,
             max_attempts=1,
         )  # fmt: skip
-    return Cast(containers, publish, rates, ship, email, search, order, report)
+        reviews = jobqueue.enqueue(
+            "shop.summarize_reviews", {"tenant": "acme", "reviews": REVIEWS}, group=OPS,
+            max_attempts=1,
+        )  # fmt: skip
+    return Cast(containers, publish, rates, ship, email, search, order, report, reviews)
 
 
 def note(role: str, state: str, attempts: int) -> str:
@@ -425,6 +436,7 @@ def note(role: str, state: str, attempts: int) -> str:
         ("search", "cancelled"): "is [yellow]cancelled[/]: the handler stopped early",
         ("report", "waiting"): "fetched its pages and waits for approval: no thread, no lease",
         ("report", "done"): "done: approved and published, with one attempt",
+        ("reviews", "done"): "done: each call's tokens taken, then settled by what it used",
     }
     kind, _, tenant = role.partition(":")
     if kind == "container":
@@ -483,9 +495,25 @@ def check(cast: Cast, jobs: list[Job], ratio: float) -> list[str]:
     fetches = JobStep.objects.filter(job_id=report.pk, name="fetch").count()
     if fetches != REPORT_PAGES:
         problems.append(f"monthly_report recorded {fetches} fetches, not {REPORT_PAGES}")
+    problems += check_reviews(get(cast.reviews))
     if not 2.0 <= ratio <= 4.5:
         problems.append(f"acme got {ratio:.1f} times globex's slots, not about 3")
     return problems
+
+
+def check_reviews(job: Job) -> list[str]:
+    """shop.summarize_reviews: done once, each call a step, each grant settled by its use."""
+    tokens = sum(300 + 40 * review for review in range(1, REVIEWS + 1))
+    expected = {"tenant": "acme", "reviews": REVIEWS, "tokens": tokens}
+    if (job.state, job.attempts, job.result) != (Job.State.DONE, 1, expected):
+        return [f"summarize_reviews is {job.state} ({job.result}), not {expected}"]
+    records = _count(JobStep.objects.filter(job_id=job.pk).values_list("name", flat=True))
+    if [records.get(name) for name in ("@acquire", "summarize", "@settle")] != [REVIEWS] * 3:
+        return [f"summarize_reviews recorded {records}, not {REVIEWS} of each call"]
+    window = ResourceStart.objects.filter(resource="llm-tokens:acme").aggregate(n=Sum("units"))
+    if window["n"] != tokens:
+        return [f"acme's token budget counts {window['n']} tokens, not the {tokens} used"]
+    return []
 
 
 def write_svg(job: Job, path: Path) -> Path:
