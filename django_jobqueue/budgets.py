@@ -24,13 +24,14 @@ made at once, and nothing is counted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from . import conf, signals
 from .dialects.base import aware
-from .durable import MISSING, write
+from .durable import MISSING, lease_lost, write
 from .exceptions import InvalidJobError, Suspend
 from .limits import live, window
 from .limits.resources import make_rows
@@ -153,16 +154,59 @@ def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], se
     rolls the grant back): no fence before it is needed."""
     dialect = ctx._dialect
     with dialect.step_transaction():
-        # testing.run_jobs() applies no limit: nothing is counted there.
-        now = _take(ctx, resource, units, rate) if ctx._apply_limits else dialect.now()
+        if not ctx._apply_limits:  # testing.run_jobs() applies no limit: nothing is counted
+            grant = Grant(resource, units, dialect.now(), ctx.job_id, seq)
+            write(ctx, ACQUIRE, seq, grant._record(), None)
+            return grant
+        now = _take(ctx, resource, units, rate)
         grant = Grant(resource, units, now, ctx.job_id, seq)
-        write(ctx, ACQUIRE, seq, grant._record(), None)
+        rows = window.add_sql(dialect, resource, now, units, ResourceStart.Kind.GRANT,
+                              _fence(ctx), handler=_handler(ctx))  # fmt: skip
+        _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
     return grant
 
 
+def _fence(ctx: JobContext) -> tuple[int, str, int]:
+    lease = ctx._lease
+    return (lease.job_id, lease.owner, lease.attempt)
+
+
+def _write(
+    ctx: JobContext,
+    name: str,
+    seq: int,
+    record: dict[str, Any],
+    rows: list[tuple[str, list[Any]]],
+    *,
+    alone: bool,
+) -> None:
+    """Write the record of a call and the window's `rows` (fenced by the lease, as the
+    record): in the caller's transaction, or with `alone` in one of their own. The record goes
+    first and locks the job's row; a lease that is gone writes nothing and raises LeaseLost.
+    PostgreSQL sends them in one round trip (with the COMMIT, or as one implicit transaction)."""
+    dialect, lease = ctx._dialect, ctx._lease
+    if not ctx._calls.has_steps:  # the job's first record also marks its row: durable.write
+        with dialect.step_transaction() if alone else contextlib.nullcontext():
+            write(ctx, name, seq, record, None)
+            dialect.write_together(rows)
+        return
+    statements = [
+        dialect.record_call_sql(job_id=lease.job_id, owner=lease.owner, attempt=lease.attempt,
+                                name=name, seq=seq, result=record, duration=None),
+        *rows,
+    ]  # fmt: skip
+    if alone:
+        counts = dialect.write_alone(statements)
+    else:
+        counts = dialect.write_together(statements, last=True)
+    if not counts[0]:
+        raise lease_lost(lease)
+
+
 def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> dt.datetime:
-    """Take `units` of `resource`'s window under its lock row (waited for: one resource);
-    return the database's time of the grant, or raise _NoRoom."""
+    """Lock `resource`'s row (waited for: one resource) and see whether its window has room
+    for `units`: return the database's time of the grant (the caller writes it before the
+    lock is let go), or raise _NoRoom."""
     dialect = ctx._dialect
     cap, period = rate
     lock = dialect.lock_resources_sql([resource], wait=True)
@@ -184,7 +228,6 @@ def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> 
     started = window.count(totals).units.get(resource, 0)
     if started + units > cap:
         raise _NoRoom(window.reopens_at(dialect, resource, period, started + units - cap, now))
-    window.add(dialect, resource, now, units, ResourceStart.Kind.GRANT, handler=_handler(ctx))
     return now
 
 
@@ -213,13 +256,13 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
         return
     if _settled(ctx, key):
         raise InvalidJobError(f"settle: {key} was settled already; a grant is settled once.")
-    dialect = ctx._dialect
     delta = used - granted
     record = {"grant": key, "resource": resource, "granted": granted, "used": used}
-    with dialect.step_transaction():  # the record's insert fences the lease (see _grant)
-        if ctx._apply_limits and at is not None:
-            window.add(dialect, resource, at, delta, kind, used=used, handler=_handler(ctx))
-        write(ctx, SETTLE, seq, record, None)
+    rows = []
+    if ctx._apply_limits and at is not None:
+        rows = window.add_sql(ctx._dialect, resource, at, delta, kind, _fence(ctx), used=used,
+                              handler=_handler(ctx))  # fmt: skip
+    _write(ctx, SETTLE, seq, record, rows, alone=True)
     ctx._calls.remember(SETTLE, seq, record)
     if signals.connected(signals.units_settled):
         job = ctx._job

@@ -177,10 +177,10 @@ def fence(dialect: Dialect, lease: Lease) -> None:
     """Lock the job's row while `lease` is current (in the caller's transaction); else LeaseLost."""
     found = dialect.lock_blocking(Job.objects.using(dialect.using).filter(lease.q()))
     if not found.values_list("pk", flat=True).first():
-        raise _lease_lost(lease)
+        raise lease_lost(lease)
 
 
-def _lease_lost(lease: Lease) -> LeaseLost:
+def lease_lost(lease: Lease) -> LeaseLost:
     return LeaseLost(
         f"job {lease.job_id} attempt {lease.attempt} of {lease.owner} no longer holds "
         "its lease: nothing was recorded"
@@ -202,7 +202,7 @@ def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | N
         mark=not ctx._calls.has_steps,  # the job's first record: say so on its row
     )
     if not recorded:
-        raise _lease_lost(lease)
+        raise lease_lost(lease)
 
 
 def _record(
@@ -365,7 +365,7 @@ def write_records(records: list[Record], outcomes: list[BaseException | None]) -
                 ctx._calls.remember(name, seq, result)
                 results.append(None)
             else:
-                results.append(_lease_lost(ctx._lease))
+                results.append(lease_lost(ctx._lease))
     except Exception:
         results = [_alone(*record) for record in records]
     outcomes.extend(results)

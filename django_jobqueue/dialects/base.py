@@ -300,6 +300,61 @@ class Dialect:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
+    def record_call_sql(
+        self, *, job_id: int, owner: str, attempt: int, name: str, seq: int, result: Any,
+        duration: float | None,
+    ) -> tuple[str, list[Any]]:  # fmt: skip
+        """`record_call`'s statement (without the mark), to run with others (`write_together`):
+        it inserts one row while the lease is current, and locks the job's row."""
+        values = self._record_values(name, seq, result, attempt, duration)
+        return self._record_call_sql, [*values, job_id, owner, attempt]
+
+    def fenced_insert_sql(
+        self,
+        model: type[Any],
+        row: dict[str, Any],
+        lease: tuple[int, str, int],
+        *,
+        add_to: tuple[Sequence[str], str] | None = None,
+    ) -> tuple[str, list[Any]]:
+        """An INSERT of one row of `model` ({field: value}) that writes it only while `lease`
+        (job id, owner, attempt) is current; with `add_to` ((key fields, value field)), one
+        that adds its value to the row of the same keys, made if missing (as
+        `add_to_minutes`). It goes after `record_call_sql` in a `write_together`, which locked
+        the job's row: then the row is written with the record, or neither."""
+        fields = {f.name: f for f in model._meta.concrete_fields}
+        names = ", ".join(self.qn(fields[name].column) for name in row)
+        marks = ", ".join(["%s"] * len(row))
+        params = [fields[name].get_db_prep_save(v, self.connection) for name, v in row.items()]
+        job = self.qn(Job._meta.db_table)
+        states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
+        sql = (
+            f"INSERT INTO {self.qn(model._meta.db_table)} ({names}) SELECT {marks} FROM {job} j "
+            f"WHERE j.id = %s AND j.lease_owner = %s AND j.attempts = %s AND j.state IN ({states})"
+        )
+        if add_to is not None:
+            sql += " " + self._add_on_conflict(self.qn(model._meta.db_table), *add_to)
+        return sql, [*params, *lease]
+
+    def write_together(
+        self, statements: Sequence[tuple[str, list[Any]]], *, last: bool = False
+    ) -> list[int]:
+        """Run the writes `statements` (SQL, parameters) in order in the caller's transaction,
+        and return each one's row count. Here one after the other; a dialect may send them in
+        one round trip, and with `last` (nothing follows in the transaction) its COMMIT too."""
+        counts = []
+        with self.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                counts.append(cursor.rowcount)
+        return counts
+
+    def write_alone(self, statements: Sequence[tuple[str, list[Any]]]) -> list[int]:
+        """`write_together` in a write transaction of its own (a savepoint of the caller's
+        open one): all of `statements` are written, or none."""
+        with self.step_transaction():
+            return self.write_together(statements, last=True)
+
     def record_call(
         self,
         *,
@@ -322,9 +377,10 @@ class Dialect:
         made a step cost twice an `enqueue()`. The mark is a second one, in the caller's
         transaction.
         """
-        values = self._record_values(name, seq, result, attempt, duration)
+        sql, params = self.record_call_sql(job_id=job_id, owner=owner, attempt=attempt, name=name,
+                                           seq=seq, result=result, duration=duration)  # fmt: skip
         with self.connection.cursor() as cursor:
-            cursor.execute(self._record_call_sql, [*values, job_id, owner, attempt])
+            cursor.execute(sql, params)
             recorded = bool(cursor.rowcount)
         if recorded and mark:
             Job.objects.using(self.using).filter(pk=job_id).update(has_steps=True)

@@ -182,19 +182,66 @@ class PostgreSQLDialect(Dialect):
         # One round trip where the cursor allows (`_client_side`): a claim under LIMITS sends
         # the lock of its resources and the read of their jobs in flight so, and the read
         # still takes its snapshot once the lock is held.
+        # The transaction's BEGIN goes with them where it has not been sent (`_own_begin`),
+        # unless a wrapper (transaction_waits) puts statements of its own first.
         with self.cursor() as cursor:
             raw = _client_side(cursor)
             if len(statements) < 2 or raw is None:
                 return super().execute_together(statements)
-            cursor.execute(
-                "; ".join(sql for sql, _ in statements),
-                [p for _, params in statements for p in params],
-            )
+            begin = "" if self.connection.execute_wrappers else _own_begin(raw.connection)
+            try:
+                cursor.execute(
+                    begin + "; ".join(sql for sql, _ in statements),
+                    [p for _, params in statements for p in params],
+                )
+            finally:
+                if begin:
+                    _after_begin(raw.connection)
+            if begin:
+                raw.nextset()  # past the BEGIN's result
             results = [cursor.fetchall()]
             for _ in statements[1:]:
                 raw.nextset()
                 results.append(cursor.fetchall())
         return results
+
+    def write_together(
+        self, statements: Sequence[tuple[str, list[Any]]], *, last: bool = False
+    ) -> list[int]:
+        # One round trip; with `last`, the COMMIT in it too (see mark_claimed).
+        with self.cursor() as cursor:
+            raw = _client_side(cursor)
+            if len(statements) < 2 or raw is None:
+                return super().write_together(statements, last=last)
+            commit = "; COMMIT" if last and self._ends_with_this(cursor) else ""
+            cursor.execute(
+                "; ".join(sql for sql, _ in statements) + commit,
+                [p for _, params in statements for p in params],
+            )
+            counts = [cursor.rowcount]
+            for _ in statements[1:]:
+                raw.nextset()
+                counts.append(cursor.rowcount)
+        return counts
+
+    def write_alone(self, statements: Sequence[tuple[str, list[Any]]]) -> list[int]:
+        # Outside a transaction, one query of several statements, which PostgreSQL runs as one
+        # transaction of its own ("implicit transaction"): one round trip, all or nothing.
+        if self.connection.in_atomic_block:
+            return super().write_alone(statements)
+        with self.cursor() as cursor:
+            raw = _client_side(cursor)
+            if raw is None or not raw.connection.autocommit:
+                return super().write_alone(statements)
+            cursor.execute(
+                "; ".join(sql for sql, _ in statements),
+                [p for _, params in statements for p in params],
+            )
+            counts = [cursor.rowcount]
+            for _ in statements[1:]:
+                raw.nextset()
+                counts.append(cursor.rowcount)
+        return counts
 
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__

@@ -235,6 +235,32 @@ def forget(dialect: Dialect, specs: Mapping[str, Spec]) -> int:
     return deleted
 
 
+def add_sql(
+    dialect: Dialect,
+    name: str,
+    at: dt.datetime,
+    units: int,
+    kind: str,
+    lease: tuple[int, str, int],
+    *,
+    used: int | None = None,
+    handler: str | None = None,
+) -> list[tuple[str, list[Any]]]:
+    """The statements of `add` (the spend in the minute of `at`), each of which writes only
+    while `lease` (job id, owner, attempt) is current: to run after the record they go with
+    (`Dialect.write_together`)."""
+    row = {"resource": name, "started_at": at, "units": units, "kind": kind, "used": used}
+    statements = [dialect.fenced_insert_sql(ResourceStart, row, lease)]
+    if handler is not None and units:
+        spend = {"minute": _minute(at), "resource": name, "handler": handler, "units": units}
+        statements.append(
+            dialect.fenced_insert_sql(
+                MinuteSpend, spend, lease, add_to=(("minute", "resource", "handler"), "units")
+            )
+        )
+    return statements
+
+
 def give_back(
     dialect: Dialect, units: Iterable[tuple[Mapping[str, int], dt.datetime, str | None]]
 ) -> None:
@@ -260,9 +286,13 @@ def give_back(
 
 def add_spend(dialect: Dialect, now: dt.datetime, spent: Mapping[tuple[str, str], int]) -> None:
     """Add `spent` ({(resource, handler): units}) to the minute of `now` (an upsert each)."""
-    minute = now.astimezone(dt.UTC).replace(second=0, microsecond=0)
+    minute = _minute(now)
     dialect.add_to_minutes(
         MinuteSpend, ("minute", "resource", "handler"), "units",
         [((minute, name, handler), units) for (name, handler), units in sorted(spent.items())
          if units],
     )  # fmt: skip
+
+
+def _minute(at: dt.datetime) -> dt.datetime:
+    return at.astimezone(dt.UTC).replace(second=0, microsecond=0)
