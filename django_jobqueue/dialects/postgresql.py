@@ -40,6 +40,22 @@ def _client_side(cursor: Any) -> Any | None:
     return raw if isinstance(raw, _CLIENT_CURSORS) else None
 
 
+def _write_in_one(
+    cursor: Any, statements: Sequence[tuple[str, list[Any]]], tail: str = ""
+) -> list[int]:
+    """Send the writes `statements` as one query (a `_client_side` cursor), `tail` after them;
+    return each one's row count."""
+    cursor.execute(
+        "; ".join(sql for sql, _ in statements) + tail,
+        [p for _, params in statements for p in params],
+    )
+    counts = [cursor.rowcount]
+    for _ in statements[1:]:
+        cursor.cursor.nextset()
+        counts.append(cursor.rowcount)
+    return counts
+
+
 def _own_begin(conn: Any) -> str:
     """The text `BEGIN; ` if the transaction's BEGIN can go with its first statement, else "".
 
@@ -210,19 +226,10 @@ class PostgreSQLDialect(Dialect):
     ) -> list[int]:
         # One round trip; with `last`, the COMMIT in it too (see mark_claimed).
         with self.cursor() as cursor:
-            raw = _client_side(cursor)
-            if len(statements) < 2 or raw is None:
+            if len(statements) < 2 or _client_side(cursor) is None:
                 return super().write_together(statements, last=last)
             commit = "; COMMIT" if last and self._ends_with_this(cursor) else ""
-            cursor.execute(
-                "; ".join(sql for sql, _ in statements) + commit,
-                [p for _, params in statements for p in params],
-            )
-            counts = [cursor.rowcount]
-            for _ in statements[1:]:
-                raw.nextset()
-                counts.append(cursor.rowcount)
-        return counts
+            return _write_in_one(cursor, statements, commit)
 
     def write_alone(self, statements: Sequence[tuple[str, list[Any]]]) -> list[int]:
         # Outside a transaction, one query of several statements, which PostgreSQL runs as one
@@ -233,15 +240,7 @@ class PostgreSQLDialect(Dialect):
             raw = _client_side(cursor)
             if raw is None or not raw.connection.autocommit:
                 return super().write_alone(statements)
-            cursor.execute(
-                "; ".join(sql for sql, _ in statements),
-                [p for _, params in statements for p in params],
-            )
-            counts = [cursor.rowcount]
-            for _ in statements[1:]:
-                raw.nextset()
-                counts.append(cursor.rowcount)
-        return counts
+            return _write_in_one(cursor, statements)
 
     def is_transient(self, exc: BaseException) -> bool:
         cause = exc.__cause__
