@@ -65,9 +65,10 @@ def run_fleet(start_worker, jobs: list[Job]) -> None:
 def test_budgets_hold_in_every_window_and_are_approached(start_worker, handler):
     """3 workers; 24 jobs of 10 calls, each taking 100 tokens and settling 1 to 100 of them,
     under 2000 tokens a second: in every second the units used stay within 2000, and the
-    workers approach the rate rather than take turns. The steady part of the run uses 0.78-0.86
-    of the rate on a 2-core machine running other tests beside (bench.budgets measures it, 0.8
-    being the issue's aim); the assertion's bound is lower, for a busy machine's sake."""
+    workers approach the rate rather than take turns: at least 0.8 of it over the steady part
+    of the run is the issue's aim, which bench.budgets --approach measures (0.85-0.95 on an
+    idle 2-core machine, the three databases; 0.74-0.87 at a load average of 10-13). The
+    assertion's bound is lower, 0.6, for a busier machine's sake."""
     jobs = [
         jobqueue.enqueue(handler, {"calls": 10, "estimate": 100, "spread": True}) for _ in range(24)
     ]
@@ -80,7 +81,7 @@ def test_budgets_hold_in_every_window_and_are_approached(start_worker, handler):
     span = steady[-1][0] - steady[0][0]
     per_second = sum(used for _, _, used in steady) / span
     print(f"used {per_second:.0f} tokens/s of {RATE}; the most in any second {most}")
-    assert per_second >= 0.5 * RATE, per_second
+    assert per_second >= 0.6 * RATE, per_second
 
 
 def test_a_settlement_above_its_grant_can_push_a_window_over_by_its_excess_only(start_worker):
