@@ -180,13 +180,7 @@ def _kill(pid: int, worker_id: str, silent: float, left: float, lease_ttl: float
     dialect = get_dialect(conf.database)
     try:
         dialect.bound_waits(conf.lock_timeout, lease_ttl)
-        moved = reclaim_dead_worker(
-            dialect,
-            worker_id,
-            batch=conf.reclaim_batch,
-            backoff=conf.retry_backoff,
-            backoff_max=conf.retry_backoff_max,
-        )
+        moved = reclaim_dead_worker(dialect, worker_id, batch=conf.reclaim_batch)
     except (DatabaseError, InterfaceError) as exc:
         logger.error("Could not reclaim the jobs of worker %s (%s); its leases will expire",
                      worker_id, exc)  # fmt: skip

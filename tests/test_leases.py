@@ -41,7 +41,7 @@ def claim_one(dialect, owner: str) -> leases.Lease:
 def expire_and_reclaim(dialect, job_id: int) -> None:
     """Push the lease deadline into the past, sweep it, and make the retry runnable now."""
     Job.objects.filter(pk=job_id).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    moved = reclaim_expired(dialect, batch=10)
     assert moved == [(job_id, Job.State.SCHEDULED)]
     Job.objects.filter(pk=job_id).update(run_after=None, state=Job.State.READY)
 
@@ -221,7 +221,7 @@ def test_reclaim_ignores_live_leases_and_kills_exhausted_jobs(dialect):
     last = jobqueue.enqueue("test.noop", max_attempts=1)
     claim_one(dialect, "w2")
     Job.objects.filter(pk=last.pk).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    moved = reclaim_expired(dialect, batch=10)
     assert moved == [(last.pk, Job.State.DEAD)]
     dead = Job.objects.get(pk=last.pk)
     assert dead.state == Job.State.DEAD
@@ -230,15 +230,22 @@ def test_reclaim_ignores_live_leases_and_kills_exhausted_jobs(dialect):
     assert Job.objects.get(pk=live.pk).state == Job.State.RUNNING
 
 
-def test_reclaim_backs_off_before_the_retry(dialect):
+def test_a_reclaimed_job_is_due_at_once_without_a_retry_backoff(dialect, settings):
+    """Its worker died, which was not the job's fault: the attempt is charged, but the job is
+    due at once, whatever RETRY_BACKOFF says, and the promoter makes it ready."""
+    from django_jobqueue.workflows import promote_due
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "RETRY_BACKOFF": 60, "RETRY_BACKOFF_MAX": 60}
     job = jobqueue.enqueue("test.noop")
     claim_one(dialect, "w1")
     Job.objects.filter(pk=job.pk).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    reclaim_expired(dialect, batch=10, backoff=60, backoff_max=60)
+    reclaim_expired(dialect, batch=10)
     row = Job.objects.get(pk=job.pk)
-    assert row.state == Job.State.SCHEDULED  # out of the ready index until it is due
-    assert row.run_after - row.updated_at >= dt.timedelta(seconds=44)  # 60s -25% jitter
-    assert leases.claim(dialect, owner="w2", queues=[], limit=1, lease_ttl=TTL) == []
+    assert (row.state, row.attempts) == (Job.State.SCHEDULED, 1)
+    assert row.run_after <= dialect.now()
+    promote_due(dialect, batch=10)
+    [again] = leases.claim(dialect, owner="w2", queues=[], limit=1, lease_ttl=TTL)
+    assert again.id == job.pk
 
 
 def test_backoff_is_exponential_capped_and_jittered():
@@ -340,7 +347,7 @@ def test_expired_lease_of_a_live_worker_that_holds_the_job_is_kept_and_pushed_ba
     claim_one(dialect, "w1")
     register("w1", alive=True, job_ids=[job.pk])
     expire_lease(job.pk)
-    assert reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01) == []
+    assert reclaim_expired(dialect, batch=10) == []
     row = Job.objects.get(pk=job.pk)
     assert row.state == Job.State.RUNNING
     assert row.lease_expires == Worker.objects.get(pk="w1").expires_at
@@ -351,9 +358,7 @@ def test_expired_lease_of_a_live_worker_that_lost_track_of_the_job_is_reclaimed(
     claim_one(dialect, "w1")
     register("w1", alive=True, job_ids=[])
     expire_lease(job.pk)
-    assert reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01) == [
-        (job.pk, Job.State.SCHEDULED)
-    ]
+    assert reclaim_expired(dialect, batch=10) == [(job.pk, Job.State.SCHEDULED)]
 
 
 def test_expired_lease_of_a_gone_worker_waits_until_the_reclaimer_may_judge(dialect):
@@ -369,12 +374,10 @@ def test_expired_lease_of_a_gone_worker_waits_until_the_reclaimer_may_judge(dial
         asked.append(ttl)
         return False
 
-    assert (
-        reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01, may_judge=not_yet) == []
-    )
+    assert reclaim_expired(dialect, batch=10, may_judge=not_yet) == []
     assert asked == [7.0]
     assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING
-    moved = reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    moved = reclaim_expired(dialect, batch=10)
     assert moved == [(job.pk, Job.State.SCHEDULED)]
 
 

@@ -41,7 +41,7 @@ def claim_one(dialect, owner: str) -> leases.Lease:
 
 def expire(dialect, job_id: int, *, runnable: bool = True) -> None:
     Job.objects.filter(pk=job_id).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
-    reclaim_expired(dialect, batch=10, backoff=0.01, backoff_max=0.01)
+    reclaim_expired(dialect, batch=10)
     if runnable:
         Job.objects.filter(pk=job_id).update(run_after=None, state=Job.State.READY)
 

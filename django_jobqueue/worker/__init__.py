@@ -253,8 +253,6 @@ class JobWorker:
             interval=conf.reclaim_interval,
             lock_timeout=lock_timeout,
             batch=conf.reclaim_batch,
-            backoff=conf.retry_backoff,
-            backoff_max=conf.retry_backoff_max,
             lease_ttl=self.lease_ttl,
             healthy_for=heartbeat.healthy_for,
         )

@@ -28,7 +28,6 @@ from ..dialects.base import seconds
 from ..dialects.functions import DbNow
 from ..error_records import error_record, with_error
 from ..exceptions import LeaseExpired
-from ..leases import backoff_seconds
 from ..models import Job, Worker
 from .duty import Duty
 
@@ -47,16 +46,15 @@ def reclaim_expired(
     dialect: Dialect,
     *,
     batch: int,
-    backoff: float,
-    backoff_max: float,
     may_judge: Callable[[float | None], bool] = lambda ttl: True,
     owner: str | None = None,
     reason: str = "lease of worker {owner} expired during attempt {attempt}",
 ) -> list[tuple[int, str]]:
     """Reclaim up to `batch` expired leases whose owner is gone or no longer holds the job.
 
-    Such a job goes back to `scheduled` (with backoff), or to `dead` when its attempts are
-    spent (`cancelled` if cancellation was requested): a job that keeps killing its worker
+    Such a job goes back to `scheduled`, due at once (its attempt charged as for any failure,
+    but no retry backoff: its worker died, which was not the job's fault), or to `dead` when
+    its attempts are spent (`cancelled` if cancellation was requested): a job that keeps killing its worker
     reaches `dead` after `max_attempts` reclaims. Rows another transaction holds locked are
     skipped, so concurrent sweeps never wait on each other. `may_judge(owner_ttl)` says whether
     this worker has been healthy long enough to call an owner with that TTL gone. With
@@ -111,10 +109,9 @@ def reclaim_expired(
                 workflows.on_terminal(dialect, pk, state, parent_id, has_dependents=deps)
             else:
                 state = Job.State.SCHEDULED
-                delay = seconds(backoff_seconds(attempts, backoff, backoff_max))
                 jobs.filter(pk=pk).update(
                     state=state,
-                    run_after=DbNow() + delay,
+                    run_after=DbNow(),
                     lease_owner=None,
                     lease_expires=None,
                     last_error=error,
@@ -140,9 +137,7 @@ def reclaim_expired(
     return moved
 
 
-def reclaim_dead_worker(
-    dialect: Dialect, worker_id: str, *, batch: int, backoff: float, backoff_max: float
-) -> list[tuple[int, str]]:
+def reclaim_dead_worker(dialect: Dialect, worker_id: str, *, batch: int) -> list[tuple[int, str]]:
     """Reclaim at once every lease of `worker_id`, a worker process known to be dead.
 
     For the watchdog that killed it: no other worker needs to wait for its leases to run out.
@@ -163,8 +158,6 @@ def reclaim_dead_worker(
         chunk = reclaim_expired(
             dialect,
             batch=batch,
-            backoff=backoff,
-            backoff_max=backoff_max,
             owner=worker_id,
             reason=KILLED_REASON,
         )
@@ -251,16 +244,12 @@ class Reclaimer(Duty):
         interval: float,
         lock_timeout: float,
         batch: int,
-        backoff: float,
-        backoff_max: float,
         lease_ttl: float,
         healthy_for: Callable[[], float],
         on_reclaimed: Callable[[list[tuple[int, str]]], None] | None = None,
     ) -> None:
         super().__init__(dialect, interval=interval, lock_timeout=lock_timeout)
         self.batch = batch
-        self.backoff = backoff
-        self.backoff_max = backoff_max
         self.lease_ttl = lease_ttl
         self.healthy_for = healthy_for
         self.on_reclaimed = on_reclaimed
@@ -284,8 +273,6 @@ class Reclaimer(Duty):
             moved = reclaim_expired(
                 self.dialect,
                 batch=self.batch,
-                backoff=self.backoff,
-                backoff_max=self.backoff_max,
                 may_judge=self.may_judge,
             )
             if moved and self.on_reclaimed is not None:
