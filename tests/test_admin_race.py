@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def test_cancel_all_while_a_worker_runs_them(admin_client: Client, start_worker: Any) -> None:
     """Each job ends done or cancelled, never both, never stuck; the report adds up."""
-    # 20 s of work for four threads: the cancel lands mid-run even when a loaded machine
-    # takes seconds over the admin's request.
-    jobs = [jobqueue.enqueue("test.record", {"sleep": 0.5}) for _ in range(150)]
+    # 75 s of work for four threads: the cancel lands mid-run even when a loaded machine
+    # takes many seconds over the admin's request (20 s of work were once done before it).
+    jobs = [jobqueue.enqueue("test.record", {"sleep": 2.0}) for _ in range(150)]
     worker = start_worker("--concurrency", "4", *FAST)
     poll(lambda: Job.objects.filter(state="done").count() >= 10)
     data = {
