@@ -57,9 +57,9 @@ def reclaim_expired(
     its attempts are spent (`cancelled` if cancellation was requested): a job that keeps
     killing its worker reaches `dead` after `max_attempts` reclaims. Rows another transaction
     holds locked are skipped, so concurrent sweeps never wait on each other.
-    `may_judge(owner_ttl)` says whether this worker has been healthy long enough to call an owner with that TTL gone. With
-    `owner`, only that worker's leases are looked at. `reason` is the error recorded (with
-    `{owner}` and `{attempt}`). Returns (job id, new state) pairs.
+    `may_judge(owner_ttl)` says whether this worker has been healthy long enough to call an
+    owner with that TTL gone. With `owner`, only that worker's leases are looked at. `reason`
+    is the error recorded (with `{owner}` and `{attempt}`). Returns (job id, new state) pairs.
     """
 
     failed: list[tuple[Any, ...]] = []  # (row, state) of attempts ended here, for signals
