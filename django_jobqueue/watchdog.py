@@ -15,6 +15,11 @@ leases: each job is charged the attempt it was in, so a job that freezes every w
 `dead` after `max_attempts`. The frozen process is dead before any other worker may take
 its jobs.
 
+A watchdog that outlives its worker (killed by SIGKILL or the OOM killer, crashed) reclaims
+its jobs at once too: it sees its parent change, which happens only once every thread of the
+worker has ended, so no job of it can still be running. They run again within seconds, not a
+lease TTL later.
+
 A process stopped by a signal (SIGSTOP, a debugger) is not frozen: the watchdog leaves it.
 While the heartbeat fails (the database is down), the ticker alone keeps the worker alive.
 """
@@ -131,6 +136,13 @@ def watch(shared: Any, pid: int, worker_id: str, lease_ttl: float) -> None:
             break
         _kill(pid, worker_id, silent, beat + lease_ttl - now, lease_ttl)
         return
+    if os.getppid() != pid and not shared[_DONE]:
+        # The worker is gone without stopping (SIGKILL, the OOM killer, a crash): this process
+        # was re-parented only once every thread of it had ended, so its jobs may run
+        # elsewhere now, not a lease TTL later.
+        logger.error("Worker %s (pid %s) is gone without stopping: reclaiming its jobs at once",
+                     worker_id, pid)  # fmt: skip
+        _reclaim(worker_id, lease_ttl, gone=True)
 
 
 def _name_process(name: str) -> None:
@@ -168,23 +180,31 @@ def _kill(pid: int, worker_id: str, silent: float, left: float, lease_ttl: float
         "killed it %.1fs before its row could expire",
         worker_id, pid, silent, left,
     )  # fmt: skip
+    _reclaim(worker_id, lease_ttl, gone=False)
+
+
+def _reclaim(worker_id: str, lease_ttl: float, *, gone: bool) -> None:
+    """Reclaim at once the leases of worker `worker_id`, whose process is gone: killed here,
+    or (`gone`) dead on its own."""
     from django.db import DatabaseError, InterfaceError, connections
 
     from django_jobqueue import conf as conf_module
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.worker import naming
-    from django_jobqueue.worker.reclaimer import reclaim_dead_worker
+    from django_jobqueue.worker.reclaimer import DIED_REASON, KILLED_REASON, reclaim_dead_worker
 
     naming.install(worker_id, role="watchdog")  # `jobqueue watchdog <id>` in pg_stat_activity
     conf = conf_module.get()
     dialect = get_dialect(conf.database)
     try:
         dialect.bound_waits(conf.lock_timeout, lease_ttl)
-        moved = reclaim_dead_worker(dialect, worker_id, batch=conf.reclaim_batch)
+        moved = reclaim_dead_worker(dialect, worker_id, batch=conf.reclaim_batch,
+                                    reason=DIED_REASON if gone else KILLED_REASON)  # fmt: skip
     except (DatabaseError, InterfaceError) as exc:
         logger.error("Could not reclaim the jobs of worker %s (%s); its leases will expire",
                      worker_id, exc)  # fmt: skip
     else:
-        logger.warning("Reclaimed %s job(s) of killed worker %s", len(moved), worker_id)
+        what = "dead" if gone else "killed"
+        logger.warning("Reclaimed %s job(s) of %s worker %s", len(moved), what, worker_id)
     finally:
         connections.close_all()

@@ -138,3 +138,23 @@ def test_no_watchdog_runs_the_worker_alone(start_worker):
     worker.wait_registered()
     assert not children(worker.pid)
     assert worker.stop() == 0
+
+
+def test_a_killed_workers_jobs_run_again_at_once_not_a_lease_later(start_worker):
+    """SIGKILL (the OOM killer, say) ends a worker whose leases have two minutes left: its
+    watchdog, re-parented only once every thread of it has ended, reclaims its job at once,
+    and another worker runs it again within seconds; the two runs never overlap."""
+    long_lease = ("--lease-ttl", "120", "--heartbeat-interval", "1")
+    probe = jobqueue.enqueue("test.overlap_probe", {"first_sleep": 600}, max_attempts=3)
+    doomed = start_worker(*long_lease)
+    poll(lambda: RunRecord.objects.filter(job_id=probe.pk, attempt=1).exists())
+    rescuer = start_worker(*long_lease)
+    rescuer.wait_registered()
+    doomed.signal(signal.SIGKILL)  # the worker alone: its watchdog lives on
+    assert doomed.wait(60) == -signal.SIGKILL
+    # Well inside the two minutes the lease had left: only the watchdog can have reclaimed it.
+    done = wait_for_job(probe.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    assert (done.state, done.attempts, done.result) == (Job.State.DONE, 2, [])
+    assert "died during attempt 1" in done.last_error["message"]
+    assert "gone without stopping" in doomed.output()
+    assert "Reclaimed expired lease" not in rescuer.output()

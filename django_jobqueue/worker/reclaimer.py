@@ -137,10 +137,13 @@ def reclaim_expired(
     return moved
 
 
-def reclaim_dead_worker(dialect: Dialect, worker_id: str, *, batch: int) -> list[tuple[int, str]]:
+def reclaim_dead_worker(
+    dialect: Dialect, worker_id: str, *, batch: int, reason: str | None = None
+) -> list[tuple[int, str]]:
     """Reclaim at once every lease of `worker_id`, a worker process known to be dead.
 
-    For the watchdog that killed it: no other worker needs to wait for its leases to run out.
+    For the watchdog that killed it, or that saw it die: no other worker needs to wait for
+    its leases to run out.
     Each job is charged the attempt it was in, as for any reclaimed lease, and the worker's
     row is deleted. Returns (job id, new state) pairs.
     """
@@ -159,7 +162,7 @@ def reclaim_dead_worker(dialect: Dialect, worker_id: str, *, batch: int) -> list
             dialect,
             batch=batch,
             owner=worker_id,
-            reason=KILLED_REASON,
+            reason=reason or KILLED_REASON,
         )
         moved += chunk
         if len(chunk) < batch:
@@ -171,6 +174,10 @@ def reclaim_dead_worker(dialect: Dialect, worker_id: str, *, batch: int) -> list
 KILLED_REASON = (
     "worker {owner} was killed by its watchdog during attempt {attempt}: the process had "
     "stopped running Python code (a handler holding the GIL?)"
+)
+DIED_REASON = (
+    "worker {owner} died during attempt {attempt} (its watchdog saw the process gone and "
+    "reclaimed its jobs at once)"
 )
 
 
