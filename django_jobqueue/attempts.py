@@ -187,7 +187,7 @@ def _flush_progress(flight: InFlight) -> None:
 def is_async(job: ClaimedJob) -> bool:
     """Whether `job`'s handler is a coroutine function (False for an unknown handler)."""
     try:
-        return registry.get(job.type).is_async
+        return registry.get(job.type, job.handler_version).is_async
     except UnknownHandlerError:
         return False
 
@@ -337,7 +337,7 @@ def _effective_timeout(job: ClaimedJob) -> float | None:
 
 
 def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
-    handler = registry.get(flight.job.type)
+    handler = registry.get(flight.job.type, flight.job.handler_version)
     if not handler.is_async:
         return handler.func(*_context(dialect, conf, flight, handler), **flight.job.args)
     timeout = flight.job.timeout
@@ -356,7 +356,7 @@ def _call(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
 
 def _call_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Any:
     """The handler's coroutine, made (not started) with the job's arguments."""
-    handler = registry.get(flight.job.type)
+    handler = registry.get(flight.job.type, flight.job.handler_version)
     return handler.func(*_context(dialect, conf, flight, handler), **flight.job.args)
 
 

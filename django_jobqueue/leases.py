@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import pausing, quarantine, registry, workflows
+from . import pausing, quarantine, registry, versions, workflows
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, seconds
 from .dialects.functions import DbNow
@@ -134,12 +134,12 @@ def claim(
     paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
     """
 
-    # Only the types this process has handlers for: a job of another release's handler waits
-    # for a worker that has it, instead of dying here (rolling deploys). Paused queues are left
-    # out too.
+    # Only the types this process has handlers for, and of those the jobs started under a
+    # version it has: a job of another release's handler waits for a worker that has it,
+    # instead of dying here (rolling deploys). Paused queues are left out too.
     if limit <= 0:  # no room: the one-statement claims would compile an empty LIMIT
         return []
-    types = registry.allowlist()
+    types = registry.served()
     if not types:  # no handler here: nothing to claim (an empty IN list compiles to nothing)
         return []
     using = dialect.using
@@ -181,7 +181,7 @@ def set_aside_unreadable(
 ) -> list[int]:
     """After a claim failed: set aside the ready jobs it was reading whose rows no claim can
     read or start (see `quarantine`); return their ids (none: the database was to blame)."""
-    types = registry.allowlist()
+    types = registry.served()
     if not types:
         return []
     using = dialect.using
@@ -193,10 +193,10 @@ def set_aside_unreadable(
 
 @functools.lru_cache(maxsize=64)
 def _ready(
-    using: str, queues: tuple[str, ...], types: tuple[str, ...], paused: tuple[str, ...]
+    using: str, queues: tuple[str, ...], types: versions.Served, paused: tuple[str, ...]
 ) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
-    ready = Job.objects.using(using).ready().in_queues(queues).filter(type__any_of=types)
+    ready = Job.objects.using(using).ready().in_queues(queues).filter(versions.claim_filter(types))
     return ready.exclude(queue__in=paused) if paused else ready
 
 

@@ -88,6 +88,13 @@ class Job(models.Model):
     RUNNABLE_STATES: ClassVar[tuple[str, ...]] = (State.SCHEDULED, State.READY)
 
     type = KeyField(_("handler key"), max_length=200)
+    # The version of its handler that first ran it (its first claim writes it), and every
+    # later run uses: "" for a handler without one, and for a job not started yet. A default
+    # in the database too: during a rolling deploy, the processes of the release before
+    # insert jobs without it.
+    handler_version = KeyField(
+        _("handler version"), max_length=50, default="", db_default="", blank=True
+    )
     args = models.JSONField(_("arguments"), default=dict)
     result = models.JSONField(_("result"), null=True, blank=True)
     state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.READY)
@@ -323,6 +330,9 @@ class Worker(models.Model):
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True)  # heartbeat + TTL
     job_ids = models.JSONField(_("jobs held"), default=list, blank=True)
     handlers = models.JSONField(_("handlers"), default=list, blank=True)  # the types it claims
+    # The versions of each handler it has, for the keys with other than "" (versions.py);
+    # NULL in the rows of the workers of a release before versions (they have "" only).
+    handler_versions = models.JSONField(_("handler versions"), null=True, default=dict, blank=True)
 
     class Meta:
         verbose_name = _("worker")

@@ -21,6 +21,7 @@ _NOT_IN_MODEL = ("has_dependents", "has_children")
 CLAIM_FIELDS = (
     "id",
     "type",
+    "handler_version",
     "args",
     "state",
     "attempts",
@@ -51,6 +52,7 @@ class ClaimedJob:
 
     id: int
     type: str
+    handler_version: str
     args: dict[str, Any]
     state: str
     attempts: int
@@ -75,6 +77,7 @@ class ClaimedJob:
         (
             self.id,
             self.type,
+            self.handler_version,
             self.args,
             self.state,
             self.attempts,

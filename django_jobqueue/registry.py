@@ -16,6 +16,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Matched with fullmatch(): with match() and "$", a key ending in "\n" would pass.
 KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,199}")
+# A handler's version: "" (none), or 1 to 50 characters of a key's alphabet ("2", "2025-06").
+VERSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,49}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Handler:
     # The resources its jobs use by default (`uses=`): a dict, or a callable of the job's
     # arguments that returns one.
     uses: Mapping[str, int] | Callable[[dict[str, Any]], Mapping[str, int] | None] | None = None
+    version: str = ""  # "" for a handler registered without one
 
     def default_uses(self, args: dict[str, Any]) -> Mapping[str, int] | None:
         """The resources a job of this handler uses when `enqueue()` names none.
@@ -49,8 +52,10 @@ class Handler:
             ) from exc
 
 
-_handlers: dict[str, Handler] = {}
+_handlers: dict[str, Handler] = {}  # the newest version of each key
+_versions: dict[str, dict[str, Handler]] = {}  # every version of each key, oldest first
 _allowlist: tuple[str, ...] | None = None  # sorted keys, rebuilt after a change
+_served: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # see served()
 
 
 def handler(
@@ -58,8 +63,9 @@ def handler(
     *,
     takes_context: bool = False,
     uses: Mapping[str, int] | Callable[[dict[str, Any]], Mapping[str, int] | None] | None = None,
+    version: str = "",
 ) -> Callable[[F], F]:
-    """Register the decorated function as the handler for `key`.
+    """Register the decorated function as the handler for `key` (or as one version of it).
 
     The registry is the allowlist of what `enqueue()` accepts and what a worker runs: a worker
     claims only jobs whose handler it has. The worker calls ``func(**job.args)``, or
@@ -74,14 +80,25 @@ def handler(
         uses: The resources of ``JOBQUEUE["LIMITS"]`` its jobs use, with their units, when
             `enqueue()` names none: a dict, or a callable that takes the job's arguments (a
             dict) and returns one (``lambda args: {f"tenant:{args['tenant']}": 1}``).
+        version: This function's version of the handler: ``""`` (none), or 1 to 50 letters,
+            digits, ``_``, ``.``, ``:`` or ``-`` (``"2"``). Several versions of one key may be
+            registered side by side: a job runs under the version that first ran it, a new
+            job under the newest, the one registered last (see the how-to "Changing a
+            durable handler safely").
 
     Raises:
-        HandlerRegistrationError: The key is invalid, or already registered to another
-            function (registering the same function again is allowed).
+        HandlerRegistrationError: The key or the version is invalid, or that version of the
+            key is already registered to another function (registering the same function
+            again is allowed).
     """
     if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise HandlerRegistrationError(
             f"Handler key {key!r} is invalid: use 1-200 letters, digits, '_', '.', ':' or '-'."
+        )
+    if not isinstance(version, str) or not (version == "" or VERSION_RE.fullmatch(version)):
+        raise HandlerRegistrationError(
+            f"Handler {key!r}: version {version!r} is invalid: use a string of 1-50 letters, "
+            "digits, '_', '.', ':' or '-' (such as \"2\"), or \"\" for none."
         )
     if uses is not None and not (callable(uses) or isinstance(uses, Mapping)):
         raise HandlerRegistrationError(
@@ -92,43 +109,64 @@ def handler(
     def decorator(func: F) -> F:
         if not callable(func):
             raise HandlerRegistrationError(f"Handler {key!r} must be callable.")
-        existing = _handlers.get(key)
+        known = _versions.setdefault(key, {})
+        existing = known.get(version)
         if existing is not None and _qualname(existing.func) != _qualname(func):
+            of = f" version {version!r}" if version else ""
             raise HandlerRegistrationError(
-                f"Handler key {key!r} is already registered to {_qualname(existing.func)}."
+                f"Handler key {key!r}{of} is already registered to {_qualname(existing.func)}."
             )
         _changed()
-        _handlers[key] = Handler(
+        # The same function registered again (a module imported twice) keeps its place.
+        known[version] = Handler(
             key=key,
             func=func,
             takes_context=takes_context,
             is_async=inspect.iscoroutinefunction(func),
             uses=uses,
+            version=version,
         )
+        _handlers[key] = next(reversed(known.values()))
         return func
 
     return decorator
 
 
-def get(key: str) -> Handler:
-    """Return the handler registered under `key`, or raise UnknownHandlerError."""
+def get(key: str, version: str | None = None) -> Handler:
+    """Return the handler registered under `key` (its `version`; None: the newest), or
+    raise UnknownHandlerError."""
     if not isinstance(key, str):  # a list is not even hashable: say what is wrong
         raise UnknownHandlerError(
             f"A handler key is a string, such as 'shop.send_receipt', not "
             f"{type(key).__name__} {key!r}."
         )
     try:
-        return _handlers[key]
+        found = _handlers[key]
     except KeyError:
         raise UnknownHandlerError(
             f"No handler is registered under {key!r}. Register one with "
             f"@jobqueue.handler({key!r}) in a jobs.py module of an installed app."
         ) from None
+    if version is None or version == found.version:
+        return found
+    try:
+        return _versions[key][version]
+    except KeyError:
+        raise UnknownHandlerError(
+            f"Handler {key!r} has no version {version!r} in this process (it has "
+            f"{', '.join(map(repr, _versions[key]))})."
+        ) from None
+
+
+def versions(key: str) -> tuple[str, ...]:
+    """Return the versions registered under `key`, oldest first (empty: none)."""
+    return tuple(_versions.get(key, ()))
 
 
 def key_of(func: Callable[..., Any]) -> str | None:
     """Return the key `func` is registered under, or None."""
-    return next((h.key for h in _handlers.values() if h.func is func), None)
+    found = (h.key for vs in _versions.values() for h in vs.values() if h.func is func)
+    return next(found, None)
 
 
 def keys() -> list[str]:
@@ -148,15 +186,34 @@ def allowlist() -> tuple[str, ...]:
     return _allowlist
 
 
-def unregister(key: str) -> None:
-    """Forget the handler under `key` (for tests)."""
+def served() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Return (key, its versions, oldest first) of every registered key, sorted by key, as a
+    tuple kept until the registry changes: what a worker claims (see `versions`)."""
+    global _served
+    if _served is None:
+        _served = tuple((key, tuple(_versions[key])) for key in allowlist())
+    return _served
+
+
+def unregister(key: str, version: str | None = None) -> None:
+    """Forget the handler under `key`, or only its `version` (for tests)."""
     _changed()
-    _handlers.pop(key, None)
+    if version is None:
+        _handlers.pop(key, None)
+        _versions.pop(key, None)
+        return
+    left = _versions.get(key, {})
+    left.pop(version, None)
+    if left:
+        _handlers[key] = next(reversed(left.values()))
+    else:
+        _handlers.pop(key, None)
+        _versions.pop(key, None)
 
 
 def _changed() -> None:
-    global _allowlist
-    _allowlist = None
+    global _allowlist, _served
+    _allowlist = _served = None
 
 
 def _qualname(func: Callable[..., Any]) -> str:

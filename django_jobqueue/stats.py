@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from . import containers, registry
+from . import containers, registry, versions
 from .dialects import Dialect
 from .dialects.base import seconds
 from .models import Job, Limit, Worker
@@ -109,9 +109,14 @@ def collect(
         "idle_ids": idle_ids,
     }
 
-    workers = list(Worker.objects.using(using).values_list("queues", "expires_at", "handlers"))
-    live = [qs for qs, expires, _ in workers if expires is not None and expires > now]
-    live_handlers = [hs for _, expires, hs in workers if expires is not None and expires > now]
+    workers = list(
+        Worker.objects.using(using).values_list(
+            "queues", "expires_at", "handlers", "handler_versions"
+        )
+    )
+    alive = [(qs, hs, vs) for qs, expires, hs, vs in workers if expires and expires > now]
+    live = [qs for qs, _, _ in alive]
+    live_handlers = [hs for _, hs, _ in alive]
     serves_all = any(not qs for qs in live)
     served = {q for qs in live for q in qs}
     ready_by_queue = {q: counts[Job.State.READY] for q, counts in queues.items()}
@@ -119,6 +124,8 @@ def collect(
         q: n for q, n in sorted(ready_by_queue.items()) if n and not serves_all and q not in served
     }
     unknown = unhandled(jobs, live_handlers if live else None)
+    have = versions.live_versions((hs, vs) for _, hs, vs in alive) if live else None
+    unserved_versions = versions.unserved(jobs, have)
 
     start = now - dt.timedelta(minutes=minutes)
     per_minute: dict[str, dict[str, int]] = {}
@@ -155,6 +162,8 @@ def collect(
         "unserved_queues": unserved,
         "open_containers": open_containers,
         "unknown_handlers": unknown,
+        # {type: {version: n}}: started jobs of known types whose version no live worker has.
+        "unserved_versions": unserved_versions,
         "throughput": {
             "minutes": minutes,
             "finished_per_minute": round(finished / minutes, 2),

@@ -247,6 +247,7 @@ def test_a_worker_without_handlers_claims_nothing(dialect, monkeypatch):
     JobFactory(queue="a")
     JobFactory(queue="b")
     monkeypatch.setattr(registry, "allowlist", lambda: ())
+    monkeypatch.setattr(registry, "served", lambda: ())  # the keys with their versions
     for queues in ([], ["a"], ["a", "b"]):
         assert leases.claim(dialect, owner="w1", queues=queues, limit=10, lease_ttl=TTL) == []
 

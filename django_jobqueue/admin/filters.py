@@ -104,6 +104,28 @@ class TypeFilter(_ValueFilter):
         return set(registry.keys())
 
 
+class VersionFilter(_ValueFilter):
+    """The handler versions registered in this process, or used by recent jobs; "-": none."""
+
+    title = _("handler version")
+    parameter_name = "version"
+    field = "handler_version"
+    NONE = "-"  # not a version (a version starts with a letter, a digit or "_")
+
+    def values(self, request: HttpRequest, model_admin: Any) -> set[str]:
+        found = {v for _, versions in registry.served() for v in versions}
+        return {self.NONE, *found, *_recent(request, model_admin, "handler_version")} - {""}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        choices = super().lookups(request, model_admin)
+        return [(value, "(none)" if value == self.NONE else label) for value, label in choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == self.NONE:
+            return queryset.filter(handler_version="")
+        return super().queryset(request, queryset)
+
+
 class HasErrorFilter(admin.SimpleListFilter):
     """Whether a job has failed at least once (has a last error)."""
 

@@ -42,6 +42,7 @@ class JobAdmin(JobPagesAdmin):
     list_display = [
         "job",
         "type",
+        "version",
         "state_badge",
         "queue_and_group",
         "attempts_of",
@@ -54,6 +55,7 @@ class JobAdmin(JobPagesAdmin):
         filters.QueueFilter,
         filters.GroupFilter,
         filters.TypeFilter,
+        filters.VersionFilter,
         filters.HasErrorFilter,
         filters.ContainerFilter,
         filters.UpstreamOfFilter,
@@ -67,6 +69,7 @@ class JobAdmin(JobPagesAdmin):
     search_help_text = "An exact job id, handler key or unique key."
     actions = [retry_jobs, cancel_jobs, release_leases, seal_containers, delete_finished_jobs]
     readonly_fields = [
+        "version_line",
         "children_summary",
         "state_badge",
         "attempts_of",
@@ -92,7 +95,20 @@ class JobAdmin(JobPagesAdmin):
         "finished_time",
     ]
     fieldsets = [
-        (None, {"fields": ["type", "state_badge", "queue", "group_key", "priority", "weight"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "type",
+                    "version_line",
+                    "state_badge",
+                    "queue",
+                    "group_key",
+                    "priority",
+                    "weight",
+                ]
+            },
+        ),
         (
             "Workflow",
             {
@@ -230,6 +246,18 @@ class JobAdmin(JobPagesAdmin):
         if keyed:
             return queryset.filter(pk__in=keyed), False
         return queryset.filter(type=term), False
+
+    @admin.display(description="version")
+    def version(self, job: Job) -> str:
+        return job.handler_version or "-"
+
+    @admin.display(description="handler version")
+    def version_line(self, job: Job) -> str:
+        if job.handler_version:
+            return f"{job.handler_version} (every run of the job uses this version)"
+        if job.first_started_at is None:
+            return "- (not started: its first run takes the newest version a worker has)"
+        return "- (none: it runs under the handler registered without a version)"
 
     @admin.display(description="children at a glance")
     def children_summary(self, job: Job) -> SafeString | str:

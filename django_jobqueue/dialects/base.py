@@ -40,6 +40,7 @@ from django.db.models.functions import Coalesce
 from django.db.models.sql import Query
 from django.utils import timezone
 
+from .. import registry, versions
 from ..models import READY_QUEUE_INDEX, Job, JobDependency, JobQuerySet, JobStep, Limit
 from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
 from .functions import DbNow
@@ -951,20 +952,41 @@ class Dialect:
         Built once per lease TTL from the ORM's own SQL for the database clock; `prefix`
         qualifies the columns read (a table alias and a dot).
         """
-        key = ("claim_sets", lease_ttl, prefix)
+        served = registry.served()
+        key = ("claim_sets", lease_ttl, prefix, served)
         if key not in self._sql_cache:
             now, _ = self.compile(DbNow())
             expires, expires_params = self.compile(DbNow() + seconds(lease_ttl))
+            version, version_params = self.first_version_sql(served, prefix)
             self._sql_cache[key] = (
                 f"state = 'running', attempts = {prefix}attempts + 1, lease_owner = %s, "
                 f"lease_expires = {expires}, heartbeat_at = {now}, started_at = {now}, "
-                f"first_started_at = COALESCE({prefix}first_started_at, {now}), "
+                f"{version}first_started_at = COALESCE({prefix}first_started_at, {now}), "
                 f"updated_at = {now}, "
                 f"worker_ids = {self.json_append_sql(prefix + 'worker_ids')}",
-                expires_params,
+                [*expires_params, *version_params],
             )
-        sql, expires_params = self._sql_cache[key]
-        return sql, [owner, *expires_params, owner]
+        sql, params = self._sql_cache[key]
+        return sql, [owner, *params, owner]
+
+    def first_version_sql(self, served: versions.Served, prefix: str = "") -> tuple[str, list[Any]]:
+        """The SET item (raw SQL ending in ", ", and its parameters) that gives a job not
+        started yet the newest version of its handler in `served` (versions.first_version);
+        empty when every newest version is "". Placed before first_started_at's, which it
+        reads (see _mark)."""
+        pinned = versions.newest(served)
+        if not pinned:
+            return "", []
+        whens, params = [], []
+        for version, keys in pinned:
+            whens.append(f"WHEN {prefix}type IN ({', '.join(['%s'] * len(keys))}) THEN %s")
+            params += [*keys, version]
+        column = f"{prefix}handler_version"
+        return (
+            f"handler_version = CASE WHEN {prefix}first_started_at IS NULL THEN CASE "
+            f"{' '.join(whens)} ELSE {column} END ELSE {column} END, ",
+            params,
+        )
 
     def claim_columns(self, prefix: str = "") -> str:
         """The columns a claim returns (CLAIM_FIELDS), for raw SQL (built once per prefix)."""
@@ -1061,13 +1083,19 @@ class Dialect:
     def _mark(self, jobs: list[ClaimedJob], *, owner: str, lease_ttl: float) -> list[ClaimedJob]:
         if not jobs:
             return []
-        Job.objects.using(self.using).filter(pk__in=[j.id for j in jobs]).update(
+        served = registry.served()
+        version = versions.first_version(served)
+        rows = Job.objects.using(self.using).filter(pk__in=[j.id for j in jobs])
+        rows.update(
             state=Job.State.RUNNING,
             attempts=F("attempts") + 1,
             lease_owner=owner,
             lease_expires=DbNow() + seconds(lease_ttl),
             heartbeat_at=DbNow(),
             started_at=DbNow(),
+            # Before first_started_at, which it reads: MySQL's UPDATE assigns left to right,
+            # each assignment seeing the values assigned before it.
+            **({} if version is None else {"handler_version": version}),
             first_started_at=Coalesce(F("first_started_at"), DbNow()),
             updated_at=DbNow(),
             worker_ids=self.json_append("worker_ids", owner),
@@ -1076,6 +1104,15 @@ class Dialect:
             job.state = Job.State.RUNNING
             job.attempts += 1
             job.lease_owner = owner
+        if version is not None:
+            # The rows were read before the UPDATE: read back the versions it may have given.
+            pinned = [
+                j.id for j in jobs if not j.handler_version and versions.newest_of(served, j.type)
+            ]
+            if pinned:
+                found = dict(rows.filter(pk__in=pinned).values_list("pk", "handler_version"))
+                for job in jobs:
+                    job.handler_version = found.get(job.id, job.handler_version)
         return jobs
 
     # -- the batched finish ------------------------------------------------------------------

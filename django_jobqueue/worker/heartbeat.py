@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from .. import registry
+from .. import registry, versions
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
@@ -115,6 +115,7 @@ class Heartbeat(Duty):
                 "expires_at": DbNow() + seconds(self.lease_ttl),
                 "job_ids": job_ids or [],
                 "handlers": list(registry.allowlist()),
+                "handler_versions": versions.worker_row(registry.served()),
             }
             WorkerRow.objects.using(self.dialect.using).update_or_create(
                 pk=self.worker_id,

@@ -177,6 +177,7 @@ from . import (  # noqa: E402
     name_jobs,  # noqa: F401 - registers the bad names' handlers
     signal_log,  # noqa: F401 - signal receivers, when the environment asks
     testing_jobs,  # noqa: F401 - registers the handlers of the testing helpers' tests
+    version_jobs,  # noqa: F401 - registers the handler versions' handlers
     workflow_jobs,  # noqa: F401 - registers the workflow handlers
 )
 

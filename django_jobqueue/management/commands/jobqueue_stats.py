@@ -162,6 +162,15 @@ def render(figures: dict[str, Any]) -> list[str]:
             f"{sum(unknown.values())} ready or scheduled job(s) wait for a handler {whom}: "
             + _pairs(unknown)
         )
+    waiting = figures["unserved_versions"]
+    if waiting:
+        # They wait, by design: a worker that has their version (an older one) may come back.
+        whom = "no live worker has" if figures["workers"]["live"] else "no code here registers"
+        counts = {f"{kind}@{v}": n for kind, by in waiting.items() for v, n in by.items()}
+        lines.append(
+            f"{sum(counts.values())} started job(s) wait for a handler version {whom}: "
+            + _pairs(counts)
+        )
     lines.append("")
     if figures["problems"]:
         lines += ["UNHEALTHY:"] + [f"  - {p}" for p in figures["problems"]]

@@ -1,0 +1,32 @@
+"""Handlers of the tests of handler versions with worker processes (tests/test_versions_workers.py).
+
+What a process registers depends on its environment, as the code of a release would:
+JOBQUEUE_TEST_REPORT_VERSIONS lists the versions of "versions.report" it has (default "1,2",
+both, oldest first).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import django_jobqueue as jobqueue
+
+REPORT_VERSIONS = os.environ.get("JOBQUEUE_TEST_REPORT_VERSIONS", "1,2").split(",")
+
+
+def _report(version: str) -> Callable[..., Any]:
+    def report(ctx: jobqueue.JobContext, sleep: float) -> dict[str, Any]:
+        """Record which version began the job, sleep, say which version ended it and where."""
+        first = ctx.step("first", lambda: version)
+        ctx.sleep(sleep)
+        return {"first": first, "version": version, "worker": ctx.worker_id}
+
+    report.__qualname__ = f"report_v{version}"
+    return report
+
+
+for _version in ("1", "2"):
+    if _version in REPORT_VERSIONS:
+        jobqueue.handler("versions.report", takes_context=True, version=_version)(_report(_version))
