@@ -87,9 +87,15 @@ if HAS_TASKS:
             """See `JobContext.spawn`."""
             return self.job.spawn(key, args, **options)
 
-        def wait_for(self, jobs: Any) -> dict[int, Any]:
+        def wait_for(
+            self, jobs: Any, count: int | None = None, cancel_rest: bool = False
+        ) -> dict[int, Any]:
             """See `JobContext.wait_for`."""
-            return self.job.wait_for(jobs)
+            return self.job.wait_for(jobs, count, cancel_rest)
+
+        def wait_for_any(self, jobs: Any, cancel_rest: bool = False) -> dict[int, Any]:
+            """See `JobContext.wait_for_any`."""
+            return self.job.wait_for_any(jobs, cancel_rest)
 
         def progress(self, current: float, total: float | None = None, message: str = "") -> None:
             """See `JobContext.progress`."""
@@ -128,9 +134,17 @@ if HAS_TASKS:
             """See `AsyncJobContext.spawn`."""
             return await self.job.spawn(key, args, **options)
 
-        async def wait_for(self, jobs: Any) -> dict[int, Any]:  # type: ignore[override]
+        async def wait_for(  # type: ignore[override]
+            self, jobs: Any, count: int | None = None, cancel_rest: bool = False
+        ) -> dict[int, Any]:
             """See `AsyncJobContext.wait_for`."""
-            return await self.job.wait_for(jobs)
+            return await self.job.wait_for(jobs, count, cancel_rest)
+
+        async def wait_for_any(  # type: ignore[override]
+            self, jobs: Any, cancel_rest: bool = False
+        ) -> dict[int, Any]:
+            """See `AsyncJobContext.wait_for_any`."""
+            return await self.job.wait_for_any(jobs, cancel_rest)
 
         async def progress(  # type: ignore[override]
             self, current: float, total: float | None = None, message: str = ""

@@ -161,13 +161,24 @@ class JobContext:
         """
         return durable.run(durable.spawn_plan(self, key, args, options))
 
-    def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:
-        """Return {job id: result} once every one of `jobs` is final, suspending until then.
+    def wait_for(
+        self, jobs: Iterable[Job | int], count: int | None = None, cancel_rest: bool = False
+    ) -> dict[int, Any]:
+        """Return {job id: result} once every one of `jobs` is final, or with `count`, once
+        the first `count` of them are; suspend until then.
 
-        Raises `UpstreamFailed` if one ended `dead` or `cancelled`. The job waits as
-        `waiting`, holding no lease, no thread and no limit.
+        The result holds every job of `jobs` final by then (more than `count` when several
+        became final together). A job that ended `dead` or `cancelled` is final too: it
+        counts toward `count`, and the call raises `UpstreamFailed` if one of those is among
+        the final ones. With `cancel_rest`, the jobs still unfinished when the wait ends are
+        cancelled (`jobqueue.cancel`). The job waits as `waiting`, holding no lease, no
+        thread and no limit. Durable: a later run returns the same jobs' results.
         """
-        return durable.run(durable.wait_plan(self, jobs))
+        return durable.run(durable.wait_plan(self, jobs, count, cancel_rest))
+
+    def wait_for_any(self, jobs: Iterable[Job | int], cancel_rest: bool = False) -> dict[int, Any]:
+        """Return {job id: result} once one of `jobs` is final: `wait_for(jobs, count=1)`."""
+        return durable.run(durable.wait_plan(self, jobs, 1, cancel_rest))
 
     def progress(self, current: float, total: float | None = None, message: str = "") -> None:
         """Record how far the job has got (`Job.progress`), at most about once a second."""
@@ -251,9 +262,19 @@ class AsyncJobContext(JobContext):
         """Enqueue a child job of this one and return it, as `JobContext.spawn` does."""
         return await durable.arun(durable.spawn_plan(self, key, args, options))
 
-    async def wait_for(self, jobs: Iterable[Job | int]) -> dict[int, Any]:  # type: ignore[override]
-        """Return {job id: result} once every job is final, as `JobContext.wait_for` does."""
-        return await durable.arun(durable.wait_plan(self, jobs))
+    async def wait_for(  # type: ignore[override]
+        self, jobs: Iterable[Job | int], count: int | None = None, cancel_rest: bool = False
+    ) -> dict[int, Any]:
+        """Return {job id: result} once every job (or `count` of them) is final, as
+        `JobContext.wait_for` does."""
+        return await durable.arun(durable.wait_plan(self, jobs, count, cancel_rest))
+
+    async def wait_for_any(  # type: ignore[override]
+        self, jobs: Iterable[Job | int], cancel_rest: bool = False
+    ) -> dict[int, Any]:
+        """Return {job id: result} once one of `jobs` is final, as `JobContext.wait_for_any`
+        does."""
+        return await durable.arun(durable.wait_plan(self, jobs, 1, cancel_rest))
 
     async def progress(  # type: ignore[override]
         self, current: float, total: float | None = None, message: str = ""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import DatabaseError, InterfaceError
 
-from . import events, validation
+from . import events, fanout, validation
 from .dialects.base import read_json
 from .exceptions import (
     InvalidJobError,
@@ -514,27 +514,39 @@ def job_ids(jobs: Iterable[Any]) -> list[int]:
     return sorted(set(ids))
 
 
-def wait_plan(ctx: JobContext, jobs: Iterable[Any]) -> Plan[dict[int, Any]]:
-    """ctx.wait_for(): {job id: result} once every job is final, or suspend until then."""
+def wait_plan(
+    ctx: JobContext, jobs: Iterable[Any], count: int | None = None, cancel_rest: bool = False
+) -> Plan[dict[int, Any]]:
+    """ctx.wait_for(): {job id: result} of the jobs final once every job (or `count` of them)
+    is final, or suspend until then (see fanout.py)."""
     ids = job_ids(jobs)
     if ctx.job_id in ids:
         raise InvalidJobError("a job cannot wait for itself")
+    count = fanout.check_count(count, ids)
     seq, found = yield from _next(ctx, WAIT)
-    if found is MISSING or found.get("ids") != ids:
+    if found is MISSING or found.get("ids") != ids or found.get("count") != count:
         states = yield functools.partial(_states, ctx, ids)
         missing = sorted(set(ids) - states.keys())
         if missing:
             raise InvalidJobError(f"wait_for: job(s) {missing} do not exist")
-        if any(state not in Job.TERMINAL_STATES for state in states.values()):
+        final = fanout.final_states(states)
+        if len(final) < (len(ids) if count is None else count):
             yield functools.partial(_check_no_deadlock, ctx, ids)
-            raise Suspend("jobs", job_ids=ids)
-        found = {"ids": ids, "states": {str(pk): state for pk, state in sorted(states.items())}}
-        yield functools.partial(_record, ctx, WAIT, seq, found)
+            raise Suspend("jobs", job_ids=ids, count=count)
+        if count is None:
+            found = {"ids": ids, "states": {str(pk): state for pk, state in sorted(final.items())}}
+            yield functools.partial(_record, ctx, WAIT, seq, found)
+        else:
+            found = yield functools.partial(
+                fanout.end_wait, ctx, WAIT, seq, ids, count, final, cancel_rest
+            )
     failed = [(int(pk), s) for pk, s in found["states"].items() if s != Job.State.DONE]
     if failed:
         pk, state = failed[0]
         raise UpstreamFailed(f"job {pk} ended {state}")
-    results: dict[int, Any] = yield functools.partial(_results, ctx, ids)
+    results: dict[int, Any] = yield functools.partial(
+        _results, ctx, sorted(int(pk) for pk in found["states"])
+    )
     return results
 
 

@@ -218,6 +218,7 @@ class Suspend(BaseException):
     delay: float | None = None
     key: str | None = None
     job_ids: list[int] = dataclasses.field(default_factory=list)
+    count: int | None = None  # "jobs": how many of `job_ids` must be final (None: all)
     records: list[tuple[str, int, Any]] = dataclasses.field(default_factory=list)
     closes: str | None = None  # a resource to close for `delay` seconds (RateLimited)
 

@@ -472,11 +472,14 @@ class JobEvent(models.Model):
 
 
 class JobWait(models.Model):
-    """A job suspended in `waiting` for an event (ctx.wait_for_event), until `until` at most."""
+    """A job suspended in `waiting` for an event (ctx.wait_for_event), until `until` at most;
+    or, with `count`, for that many of the jobs it awaits to be final (ctx.wait_for(count=N),
+    `key` empty)."""
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
     key = KeyField(_("event key"), max_length=255)
     until = models.DateTimeField(_("until"), null=True, blank=True)
+    count = models.IntegerField(_("jobs to be final"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("job wait")

@@ -145,9 +145,11 @@ def _suspend(dialect: Dialect, lease: Lease, how: Suspend, sent: dict[str, bool]
     elif how.kind == "event" and not sent.get(how.key or ""):
         state = Job.State.WAITING
         JobWait.objects.using(dialect.using).update_or_create(
-            job_id=lease.job_id, defaults={"key": how.key or "", "until": how.until}
+            job_id=lease.job_id, defaults={"key": how.key or "", "until": how.until, "count": None}
         )
-    elif how.kind == "jobs" and not workflows.await_jobs(dialect, lease.job_id, how.job_ids):
+    elif how.kind == "jobs" and not workflows.await_jobs(
+        dialect, lease.job_id, how.job_ids, how.count
+    ):
         state = Job.State.WAITING
     jobs = Job.objects.using(dialect.using)
     jobs.filter(lease.q()).update(state=state, **_LET_GO, **values)

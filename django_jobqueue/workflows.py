@@ -25,7 +25,7 @@ from .dialects.base import terminal_columns
 from .dialects.functions import DbNow
 from .error_records import error_record
 from .exceptions import UpstreamFailed
-from .models import Job, JobDependency, JobStep
+from .models import Job, JobDependency, JobStep, JobWait
 from .records import Finished
 
 terminal_values = terminal_columns
@@ -100,13 +100,17 @@ def lock_jobs(dialect: Dialect, ids: Iterable[int]) -> None:
     )
 
 
-def await_jobs(dialect: Dialect, job_id: int, ids: list[int]) -> bool:
-    """Make job `job_id` wait for jobs `ids` (locked) to be final; return whether they are.
+def await_jobs(dialect: Dialect, job_id: int, ids: list[int], count: int | None = None) -> bool:
+    """Make job `job_id` wait for jobs `ids` (locked) to be final, or `count` of them; return
+    whether they are.
 
     `awaits` edges: a job finishing, done or not, then promotes `job_id` once all are final
-    (see `promote`); their failures never cancel it.
+    (see `promote`), or once `count` are (its JobWait row says how many); their failures
+    never cancel it.
     """
     edges = JobDependency.objects.using(dialect.using)
+    if count is not None:  # the edges of an earlier wait must not count toward this one
+        edges.filter(job_id=job_id, awaits=True).exclude(depends_on_id__in=ids).delete()
     have = set(
         edges.filter(job_id=job_id, depends_on_id__in=ids).values_list("depends_on_id", flat=True)
     )
@@ -115,7 +119,14 @@ def await_jobs(dialect: Dialect, job_id: int, ids: list[int]) -> bool:
     )
     jobs = Job.objects.using(dialect.using)
     jobs.filter(pk__in=ids, has_dependents=False).update(has_dependents=True)
-    return not jobs.filter(pk__in=ids).exclude(state__in=Job.TERMINAL_STATES).exists()
+    if count is None:
+        return not jobs.filter(pk__in=ids).exclude(state__in=Job.TERMINAL_STATES).exists()
+    if jobs.filter(pk__in=ids, state__in=Job.TERMINAL_STATES).count() >= count:
+        return True
+    JobWait.objects.using(dialect.using).update_or_create(
+        job_id=job_id, defaults={"key": "", "until": None, "count": count}
+    )
+    return False
 
 
 def promote(dialect: Dialect, candidates: list[int]) -> None:
@@ -243,8 +254,8 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
     """The state a parent whose children are all final rolls up to, and its columns.
 
     `done` when every child is done, else `dead` naming the first that is not. For a job that
-    spawned them, a child its handler waited for (ctx.wait_for) is left out: that failure
-    was raised to the handler, which handled it.
+    spawned them, a child its handler waited for (ctx.wait_for, whether or not it was among
+    the first `count`) is left out: that failure was the handler's to handle.
     """
     jobs = Job.objects.using(dialect.using)
     failed = dict(
@@ -253,7 +264,7 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
     )  # fmt: skip
     if failed and not is_container:
         for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@wait"):
-            for pk in (seen.result or {}).get("states", {}):
+            for pk in (seen.result or {}).get("ids", ()):
                 failed.pop(int(pk), None)
     if not failed:
         return str(Job.State.DONE), {}

@@ -220,6 +220,27 @@ def test_an_async_task_that_takes_its_context_awaits_its_durable_calls():
 
 @requires_tasks
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", ["race_report", "arace_report"])
+def test_a_task_waits_for_the_first_of_many_through_its_context(name):
+    """wait_for_any (with cancel_rest) and wait_for(count=) through a task's context, sync
+    and async: each returns the first child's result, and the other child of the first pair
+    is cancelled. (A burst worker claims the two children of a pair together: which one
+    ends first is the worker's call.)"""
+    result = getattr(tasks, name).using(max_attempts=1).enqueue()
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    value = result.return_value
+    assert len(value["any"]) >= 1 and set(value["any"]) <= {1, 4}
+    assert len(value["count"]) >= 1 and set(value["count"]) <= {9, 16}
+    children = Job.objects.filter(parent_id=result.id).order_by("pk")
+    assert children.count() == 4
+    states = list(children.values_list("state", flat=True))
+    assert states[2:] == ["done", "done"]
+    assert sorted(states[:2]) in (["cancelled", "done"], ["done", "done"])
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
 def test_group_and_weight_are_stored_and_the_task_runs():
     result = tasks.add.using(group="tenant-a", weight=3).enqueue(1, 2)
     job = Job.objects.get(pk=result.id)

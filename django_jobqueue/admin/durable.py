@@ -91,17 +91,21 @@ def waits_for(job: Job) -> SafeString | str:
     if job.state != Job.State.WAITING:
         return "-"
     wait = JobWait.objects.filter(job_id=job.pk).first()
-    if wait is not None:
+    if wait is not None and wait.count is None:
         limit = format_html(", gives up at {}", display.moment(wait.until)) if wait.until else ""
         return format_html("event {}{}", wait.key, limit)
+    edges = JobDependency.objects.filter(job_id=job.pk, awaits=True)
     awaited = list(
-        JobDependency.objects.filter(job_id=job.pk, awaits=True)
-        .order_by("depends_on_id")
-        .values_list("depends_on_id", "depends_on__state")[:20]
+        edges.order_by("depends_on_id").values_list("depends_on_id", "depends_on__state")[:20]
     )
     if awaited:
+        what = "jobs to be final"
+        if wait is not None:  # ctx.wait_for(count=N)
+            final = edges.filter(depends_on__state__in=Job.TERMINAL_STATES).count()
+            what = f"{wait.count} of {edges.count()} jobs to be final ({final} final)"
         return format_html(
-            "jobs to be final: {}",
+            "{}: {}",
+            what,
             format_html_join(" ", "{}", ((display.job_link(pk, state),) for pk, state in awaited)),
         )
     if job.sealed and job.has_children:

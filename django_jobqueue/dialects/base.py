@@ -25,6 +25,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
+    Count,
     DateTimeField,
     Expression,
     F,
@@ -41,7 +42,15 @@ from django.db.models.sql import Query
 from django.utils import timezone
 
 from .. import registry, versions
-from ..models import READY_QUEUE_INDEX, Job, JobDependency, JobQuerySet, JobStep, Limit
+from ..models import (
+    READY_QUEUE_INDEX,
+    Job,
+    JobDependency,
+    JobQuerySet,
+    JobStep,
+    JobWait,
+    Limit,
+)
 from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
 from .functions import DbNow
 
@@ -800,19 +809,37 @@ class Dialect:
         """Make the locked waiting jobs `ids` whose upstreams are all done runnable.
 
         They become `ready`, or `scheduled` when their `run_after` lies ahead. An `awaits`
-        edge (ctx.wait_for) needs its upstream final, not done. Returns the queues of the jobs
+        edge (ctx.wait_for) needs its upstream final, not done; a job whose JobWait row has a
+        `count` needs only that many of its awaited jobs final. Returns the queues of the jobs
         promoted. Portable version: the blocked ones, then an UPDATE.
         """
         not_done = [s for s in Job.State.values if s != Job.State.DONE]
-        blocked = set(
-            JobDependency.objects.using(self.using)
-            .filter(job_id__in=self.id_set(ids))
+        edges = JobDependency.objects.using(self.using)
+        found = set(
+            edges.filter(job_id__in=self.id_set(ids))
             .filter(
                 Q(awaits=False, depends_on__state__in=not_done)
                 | Q(awaits=True, depends_on__state__in=Job.UNFINISHED_STATES)
             )
-            .values_list("job_id", flat=True)
+            .values_list("job_id", "awaits")
         )
+        blocked = {pk for pk, awaits in found if not awaits}
+        awaiting = sorted({pk for pk, awaits in found if awaits} - blocked)
+        if awaiting:
+            need = {
+                pk: count or 0
+                for pk, count in JobWait.objects.using(self.using)
+                .filter(job_id__in=awaiting, count__isnull=False)
+                .values_list("job_id", "count")
+            }
+            final: dict[int, int] = dict(
+                edges.filter(job_id__in=sorted(need), awaits=True)
+                .filter(depends_on__state__in=Job.TERMINAL_STATES)
+                .values_list("job_id")
+                .annotate(n=Count("pk"))
+                .values_list("job_id", "n")
+            ) if need else {}  # fmt: skip
+            blocked.update(pk for pk in awaiting if pk not in need or final.get(pk, 0) < need[pk])
         runnable = [pk for pk in ids if pk not in blocked]
         if not runnable:
             return set()

@@ -14,7 +14,7 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
-from ..models import Job, JobDependency, JobQuerySet, JobStep
+from ..models import Job, JobDependency, JobQuerySet, JobStep, JobWait
 from ..records import Finished, FinishReport
 from .base import Dialect, seconds, statement_bound
 from .functions import DbNow
@@ -387,9 +387,12 @@ class PostgreSQLDialect(Dialect):
 
     def promote(self, ids: Sequence[int]) -> set[str]:
         # One statement: the test for unfinished upstreams is a NOT EXISTS in the UPDATE,
-        # the ids one array parameter, and the queues come back with RETURNING.
+        # the ids one array parameter, and the queues come back with RETURNING. An unfinished
+        # awaited job blocks only a job whose wait for `count` of them is not met yet (the
+        # count is read only then: a DAG edge never reaches it).
         job = self.qn(Job._meta.db_table)
         edge = self.qn(JobDependency._meta.db_table)
+        wait = self.qn(JobWait._meta.db_table)
         now, _ = self.compile(DbNow())
         sql = f"""
             UPDATE {job} AS j
@@ -400,6 +403,14 @@ class PostgreSQLDialect(Dialect):
                 SELECT 1 FROM {edge} AS e JOIN {job} AS u ON u.id = e.depends_on_id
                 WHERE e.job_id = j.id AND u.state <> 'done'
                   AND NOT (e.awaits AND u.state IN ('dead', 'cancelled'))
+                  AND NOT (e.awaits AND EXISTS (
+                    SELECT 1 FROM {wait} AS w
+                    WHERE w.job_id = j.id AND w.{self.qn("count")} <= (
+                      SELECT count(*) FROM {edge} AS f JOIN {job} AS v ON v.id = f.depends_on_id
+                      WHERE f.job_id = j.id AND f.awaits
+                        AND v.state IN ('done', 'dead', 'cancelled')
+                    )
+                  ))
               )
             RETURNING j.queue
         """

@@ -173,6 +173,7 @@ from . import (  # noqa: E402
     chaos_jobs,  # noqa: F401 - registers the chaos suite's handlers
     connection_jobs,  # noqa: F401 - registers the handlers of the connection tests
     durable_jobs,  # noqa: F401 - registers the durable jobs' handlers
+    fanout_jobs,  # noqa: F401 - registers the fan-out tests' handlers
     limit_jobs,  # noqa: F401 - registers the quota limits' handlers
     name_jobs,  # noqa: F401 - registers the bad names' handlers
     signal_log,  # noqa: F401 - signal receivers, when the environment asks

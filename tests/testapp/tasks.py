@@ -113,6 +113,25 @@ if django.VERSION >= (6, 0):
         await context.progress(3, 3, "done")
         return {"first": first, "payload": payload, "child": results[child.pk]}
 
+    @task(takes_context=True)
+    def race_report(context: TaskContext) -> dict[str, Any]:
+        """A task waiting, through its context, for the first of two children (the other is
+        cancelled), then for one of two more."""
+        first = [context.spawn("durable.child", {"i": i}) for i in (1, 2)]
+        won = context.wait_for_any(first, cancel_rest=True)
+        second = [context.spawn("durable.child", {"i": i}) for i in (3, 4)]
+        counted = context.wait_for(second, count=1)
+        return {"any": list(won.values()), "count": list(counted.values())}
+
+    @task(takes_context=True)
+    async def arace_report(context: Any) -> dict[str, Any]:
+        """race_report as an async task: its context's durable calls are awaited."""
+        first = [await context.spawn("durable.child", {"i": i}) for i in (1, 2)]
+        won = await context.wait_for_any(first, cancel_rest=True)
+        second = [await context.spawn("durable.child", {"i": i}) for i in (3, 4)]
+        counted = await context.wait_for(second, count=1)
+        return {"any": list(won.values()), "count": list(counted.values())}
+
     @task()
     def sleepy(seconds: float) -> str:
         # Short sleeps, so the JobTimeout a worker raises into this thread lands promptly.
