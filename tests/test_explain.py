@@ -546,7 +546,7 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
     fair_share = FairShare(conf.get())
     assert not fair_share.has_limits
     statements = statements_of(
-        lambda: fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ()))
+        lambda: fair_share.needs_planning(leases._ready("default", (), (("test.noop", ("",)),), ()))
     )
     reads = job_statements(statements, "SELECT")
     assert len(reads) == 2, statements
@@ -555,7 +555,9 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
         assert re.search(r"LIMIT 1\b", sql), sql
         used, sorts, plan = explain_sql(sql)
         assert GROUP_INDEX in used and not sorts, plan
-    assert fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
+    assert (
+        fair_share.needs_planning(leases._ready("default", (), (("test.noop", ("",)),), ())) is True
+    )
 
 
 # -- plans that hold whatever the statistics say ------------------------------------------------
