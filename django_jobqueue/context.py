@@ -47,8 +47,10 @@ class JobContext:
         # at once (testing.run_jobs with ignore_delays).
         _max_result_bytes: int | None = None,
         _ignore_delays: bool = False,
-        # The job's records as read with its claim (None: read at its first durable call).
+        # The job's records as read with its claim (None: read at its first durable call),
+        # and the calls at their places.
         _recorded: dict[tuple[str, int], Any] | None = None,
+        _places: dict[int, tuple[str, int]] | None = None,
         # Whether limits apply (not in testing.run_jobs), and the database's time at which the
         # claim counted the job's rated `uses` (None: it counted none).
         _apply_limits: bool = True,
@@ -66,7 +68,7 @@ class JobContext:
         self._counted_at = _counted_at
         self.job_id: int = int(job.pk)
         """The running job's primary key."""
-        self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded)
+        self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded, _places)
         self._progress = durable.Progress()
 
     def __repr__(self) -> str:

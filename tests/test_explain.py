@@ -546,7 +546,7 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
     fair_share = FairShare(conf.get())
     assert not fair_share.has_limits
     statements = statements_of(
-        lambda: fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ()))
+        lambda: fair_share.needs_planning(leases._ready("default", (), (("test.noop", ("",)),), ()))
     )
     reads = job_statements(statements, "SELECT")
     assert len(reads) == 2, statements
@@ -555,7 +555,9 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
         assert re.search(r"LIMIT 1\b", sql), sql
         used, sorts, plan = explain_sql(sql)
         assert GROUP_INDEX in used and not sorts, plan
-    assert fair_share.needs_planning(leases._ready("default", (), ("test.noop",), ())) is True
+    assert (
+        fair_share.needs_planning(leases._ready("default", (), (("test.noop", ("",)),), ())) is True
+    )
 
 
 # -- plans that hold whatever the statistics say ------------------------------------------------
@@ -699,7 +701,7 @@ def test_a_batch_of_sleeps_finds_its_rows_by_primary_key(queue_table: None) -> N
     dialect = get_dialect("default")
     held = claimed_leases(dialect)
     items = [
-        (lease, Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})]))
+        (lease, Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60}, 1)]))
         for lease in held
     ]
     statements = statements_of(lambda: suspend_many(dialect, items))
@@ -750,7 +752,7 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
             dialect, "explain", [(j.id, j.attempts, None) for j in finishing]
         )
     )
-    sleep = Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})])
+    sleep = Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60}, 1)])
     leases_ = [leases.Lease(j.id, "explain", j.attempts) for j in sleeping]
     scan_free(lambda: suspend_many(dialect, [(lease, sleep) for lease in leases_]))
     assert scan_free(lambda: promote_due(dialect, batch=100)) == 100
