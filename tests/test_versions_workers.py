@@ -106,3 +106,17 @@ def test_a_replay_that_no_longer_matches_ends_dead_and_a_retry_from_place_0_runs
     done = wait_for_job(job.pk, *FINAL, timeout=90)
     assert (done.state, done.result) == ("done", ["b", "a"])
     assert new.stop() == 0
+
+
+def test_a_patch_answers_false_to_a_job_past_its_point_and_true_to_a_new_job(start_worker):
+    passed = asleep(start_worker, "versions.patch", sleep=2)
+    new = start_worker(*FAST, env=NEW)
+    fresh = jobqueue.enqueue("versions.patch", {"sleep": 2}, max_attempts=3)
+    done = wait_for_job(passed.pk, *FINAL, timeout=90)
+    assert (done.state, done.result) == ("done", {"patched": False})
+    # The new job's answer was recorded before its sleep, and given again after it.
+    done = wait_for_job(fresh.pk, *FINAL, timeout=90)
+    assert (done.state, done.result) == ("done", {"patched": True})
+    steps = JobStep.objects.filter(job_id=fresh.pk).order_by("place")
+    assert list(steps.values_list("place", "name")) == [(1, "@patch"), (2, "a"), (3, "@sleep")]
+    assert new.stop() == 0

@@ -41,3 +41,12 @@ def reorder(ctx: jobqueue.JobContext, sleep: float) -> list[str]:
     done = [ctx.step(name, lambda name=name: name) for name in order]
     ctx.sleep(sleep)
     return done
+
+
+@jobqueue.handler("versions.patch", takes_context=True)
+def patch_point(ctx: jobqueue.JobContext, sleep: float) -> dict[str, Any]:
+    """A step (the point), then a sleep; the new release asks patched("x") before the point."""
+    took = ctx.patched("x") if NEW else None
+    ctx.step("a", lambda: "a")
+    ctx.sleep(sleep)
+    return {"patched": took}
