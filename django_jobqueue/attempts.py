@@ -28,6 +28,7 @@ from .exceptions import (
     Fail,
     JobTimeout,
     RateLimited,
+    ReplayMismatch,
     ResultNotStored,
     Retry,
     UnknownHandlerError,
@@ -153,10 +154,20 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
             flight.leave_handler()
             _flush_progress(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
+        mismatch = _mismatch(flight)
+        if mismatch is not None:
+            return _failed(flight, mismatch)
         if isinstance(exc, RateLimited):
             _close_now(dialect, conf, exc)
         return _failed(flight, exc)
     return _succeeded(flight, result, conf)
+
+
+def _mismatch(flight: InFlight) -> ReplayMismatch | None:
+    """The ReplayMismatch the run met, if it did: the attempt's error whatever the handler
+    did with it (caught it, raised another error, returned)."""
+    context = flight.context
+    return None if context is None else context._calls.mismatch
 
 
 def _close_now(dialect: Dialect, conf: JobQueueSettings, limited: RateLimited) -> None:
@@ -219,7 +230,7 @@ async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -
             if flight.context is not None and flight.context._progress.pending is not None:
                 await sync_to_async(_flush_progress)(flight)  # off the loop, as its calls
     except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
-        return _failed(flight, exc)
+        return _failed(flight, _mismatch(flight) or exc)
     return _succeeded(flight, result, conf)
 
 
@@ -262,6 +273,9 @@ def _failed(flight: InFlight, exc: BaseException) -> Outcome | None:
 
 
 def _succeeded(flight: InFlight, result: Any, conf: JobQueueSettings) -> Outcome | None:
+    mismatch = _mismatch(flight)
+    if mismatch is not None:  # the handler caught it and returned: it ran on wrong records
+        return _failed(flight, mismatch)
     try:
         text = _result_text(flight, result, conf)
     except BaseException as exc:  # a result that cannot even be checked fails the attempt
@@ -276,7 +290,8 @@ def failure_plan(outcome: Outcome, conf: JobQueueSettings) -> dict[str, Any]:
     exc = outcome.error
     assert exc is not None
     job, lease = outcome.flight.job, outcome.flight.lease
-    if isinstance(exc, Fail | UnknownHandlerError | ResultNotStored):
+    # A mismatch is met again by every retry: the job waits for an operator (see retry()).
+    if isinstance(exc, Fail | UnknownHandlerError | ResultNotStored | ReplayMismatch):
         return {"parent_id": job.parent_id, "dead": True}
     if isinstance(exc, Retry) and lease.attempt < job.max_attempts:
         return {"parent_id": job.parent_id, "retry_in": exc.delay, "retry_at": exc.at}
@@ -376,6 +391,7 @@ def _context(
         _max_result_bytes=conf.max_result_bytes,
         _ignore_delays=flight.ignore_delays,
         _recorded=flight.job.records,
+        _places=flight.job.places,
         _apply_limits=flight.apply_limits,
         _counted_at=flight.counted_at if flight.rated_units else None,
     )

@@ -101,6 +101,10 @@ if HAS_TASKS:
             """See `JobContext.progress`."""
             self.job.progress(current, total, message)
 
+        def patched(self, patch_id: str) -> bool:
+            """See `JobContext.patched`."""
+            return self.job.patched(patch_id)
+
     # An async task's durable calls are coroutines where DurableTaskContext's are plain
     # methods (hence the `override` ignores), as AsyncJobContext's are JobContext's.
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +155,10 @@ if HAS_TASKS:
         ) -> None:
             """See `AsyncJobContext.progress`."""
             await self.job.progress(current, total, message)
+
+        async def patched(self, patch_id: str) -> bool:  # type: ignore[override]
+            """See `AsyncJobContext.patched`."""
+            return await self.job.patched(patch_id)
 
     class InvalidTaskArguments(InvalidTask, TypeError):
         """Task arguments that are not JSON-serializable (a TypeError, as Django documents)."""

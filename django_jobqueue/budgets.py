@@ -192,7 +192,8 @@ def _write(
         return
     statements = [
         dialect.record_call_sql(job_id=lease.job_id, owner=lease.owner, attempt=lease.attempt,
-                                name=name, seq=seq, result=record, duration=None),
+                                name=name, seq=seq, result=record, duration=None,
+                                place=ctx._calls.place_of(name, seq)),
         *rows,
     ]  # fmt: skip
     if alone:

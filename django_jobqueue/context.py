@@ -47,8 +47,10 @@ class JobContext:
         # at once (testing.run_jobs with ignore_delays).
         _max_result_bytes: int | None = None,
         _ignore_delays: bool = False,
-        # The job's records as read with its claim (None: read at its first durable call).
+        # The job's records as read with its claim (None: read at its first durable call),
+        # and the calls at their places.
         _recorded: dict[tuple[str, int], Any] | None = None,
+        _places: dict[int, tuple[str, int]] | None = None,
         # Whether limits apply (not in testing.run_jobs), and the database's time at which the
         # claim counted the job's rated `uses` (None: it counted none).
         _apply_limits: bool = True,
@@ -66,7 +68,7 @@ class JobContext:
         self._counted_at = _counted_at
         self.job_id: int = int(job.pk)
         """The running job's primary key."""
-        self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded)
+        self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded, _places)
         self._progress = durable.Progress()
 
     def __repr__(self) -> str:
@@ -184,6 +186,17 @@ class JobContext:
         """Record how far the job has got (`Job.progress`), at most about once a second."""
         durable.run(durable.progress_plan(self, current, total, message))
 
+    def patched(self, patch_id: str) -> bool:
+        """Whether this job takes the new path of a change made in place: True in a run of a
+        job that had not yet reached this call when the change was deployed, False in a
+        replay of a job that had already passed it under the old code.
+
+        Durable: True is recorded (a durable call, at its place), and every later run of the
+        job gets the same answer; the first call of `patch_id` in a run decides, and its later
+        calls (in a loop, say) return the same. `patch_id` is 1 to 200 printable characters.
+        """
+        return durable.run(durable.patch_plan(self, patch_id))
+
     def acquire(self, resource: str, units: int) -> Grant:
         """Take `units` of `resource` (a resource JOBQUEUE["LIMITS"] gives a rate) now, and
         return the `Grant`; with no room in its window, suspend the job until there is.
@@ -281,6 +294,10 @@ class AsyncJobContext(JobContext):
     ) -> None:
         """Record how far the job has got, as `JobContext.progress` does."""
         await durable.arun(durable.progress_plan(self, current, total, message))
+
+    async def patched(self, patch_id: str) -> bool:  # type: ignore[override]
+        """Whether this job takes the new path of a change, as `JobContext.patched` says."""
+        return await durable.arun(durable.patch_plan(self, patch_id))
 
     async def acquire(self, resource: str, units: int) -> Grant:  # type: ignore[override]
         """Take `units` of `resource` now, as `JobContext.acquire` does (the grant's

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
 from . import conf, durable, pruning, validation, workflows
@@ -70,7 +70,11 @@ def cancel(job: Job | int) -> bool:
 
 
 def retry(
-    job: Job | int, extra_attempts: int = 1, *, keep_steps_through: JobStep | int | None = None
+    job: Job | int,
+    extra_attempts: int = 1,
+    *,
+    keep_steps_through: JobStep | int | None = None,
+    keep_places_through: int | None = None,
 ) -> Job:
     """Give a dead or cancelled job `extra_attempts` more attempts and make it runnable again.
 
@@ -81,8 +85,26 @@ def retry(
     after that one are cleared in the same transaction: the next run returns the kept results
     and calls the others again ("retry from a step"). A spawn among them is refused (its
     children exist: they would be spawned twice).
+
+    With `keep_places_through` (a place in the job's runs: 1 is a run's first durable call),
+    the records of later places are cleared the same way: 0 clears them all, and the next run
+    starts over. Records written before places were have none: they are kept, unless 0
+    clears them all. This is how a job that ended `dead` with `ReplayMismatch` at place `p`
+    runs the new code from there: `keep_places_through=p - 1`.
     """
     validation.check_positive_int("extra_attempts", extra_attempts)
+    if keep_places_through is not None:
+        if keep_steps_through is not None:
+            raise InvalidJobError("retry() takes keep_steps_through or keep_places_through.")
+        if (
+            isinstance(keep_places_through, bool)
+            or not isinstance(keep_places_through, int)
+            or not 0 <= keep_places_through <= validation.INT_MAX
+        ):
+            raise InvalidJobError(
+                f"keep_places_through must be a place (an integer >= 0), not "
+                f"{keep_places_through!r}."
+            )
     dialect = get_dialect(conf.get().database)
     pk = _pk(job)
     kept = None
@@ -134,6 +156,8 @@ def retry(
         waiting = upstream.exclude(state=Job.State.DONE).exists()
         if kept is not None:
             _clear_steps_after(dialect.using, pk, kept)
+        if keep_places_through is not None:
+            _clear_places_after(dialect.using, pk, keep_places_through)
         try:
             with transaction.atomic(using=dialect.using):
                 jobs.filter(pk=pk).update(
@@ -175,12 +199,23 @@ def _clear_steps_after(using: str, pk: int, kept: int) -> int:
     steps = JobStep.objects.using(using).filter(job_id=pk)
     if not steps.filter(pk=kept).exists():
         raise InvalidJobError(f"Job {pk} has no step record {kept}.")
-    later = steps.filter(pk__gt=kept)
+    return _clear(pk, steps.filter(pk__gt=kept), f"after {kept}")
+
+
+def _clear_places_after(using: str, pk: int, place: int) -> int:
+    """Delete the step records of job `pk` at places after `place` (0: every record)."""
+    steps = JobStep.objects.using(using).filter(job_id=pk)
+    later = steps if place == 0 else steps.filter(place__gt=place)
+    return _clear(pk, later, f"at a place after {place}")
+
+
+def _clear(pk: int, later: QuerySet[JobStep], where: str) -> int:
+    """Delete `later`, records of job `pk`: InvalidJobError if a spawn is among them."""
     spawn = later.filter(name=durable.SPAWN).values_list("pk", "result").first()
     if spawn is not None:
         child = (spawn[1] or {}).get("job_id")
         raise InvalidJobError(
-            f"Job {pk}: step record {spawn[0]} after {kept} spawned job {child}; clearing it "
+            f"Job {pk}: step record {spawn[0]} {where} spawned job {child}; clearing it "
             "would spawn that child again. Retry from a step after it."
         )
     deleted, _ = later.delete()

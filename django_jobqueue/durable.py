@@ -3,10 +3,11 @@ job, children spawned at run time, progress.
 
 A handler that takes a context runs again from the top on each run of its job: a retry, a
 reclaim after a crash, a resume after a suspension. Each durable call is known by its name
-and by how many times this run called that name before (`seq`: 1, 2, ...); what it returned
-is kept in a JobStep row, written in the transaction of the call and fenced by the job's
-lease, so that a later run gets it back without doing the work again. Whatever a handler does
-outside durable calls runs again on every run.
+and by how many times this run called that name before (`seq`: 1, 2, ...), and takes the
+run's next place, which its replays check (`replay`); what it returned is kept in a JobStep
+row, written in the transaction of the call and fenced by the job's lease, so that a later
+run gets it back without doing the work again. Whatever a handler does outside durable calls
+runs again on every run.
 
 A sleep or a wait that has to wait raises `Suspend`. The handler stops there; the worker
 records the suspension (`leases.suspend`): the job goes back to `scheduled` or `waiting`,
@@ -28,18 +29,14 @@ import copy
 import datetime as dt
 import functools
 import json
-import logging
 import time
 import weakref
-from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.db import DatabaseError, InterfaceError
 
 from . import events, fanout, validation
-from .dialects.base import read_json
 from .exceptions import (
     InvalidJobError,
     LeaseLost,
@@ -50,127 +47,30 @@ from .exceptions import (
 )
 from .models import Job, JobStep
 
+# The records a run replays, and their check (re-exported: their home before `replay`).
+from .replay import EVENT as EVENT
+from .replay import MISSING as MISSING
+from .replay import PATCH as PATCH
+from .replay import PRELOAD_ROWS as PRELOAD_ROWS
+from .replay import SLEEP as SLEEP
+from .replay import SPAWN as SPAWN
+from .replay import WAIT as WAIT
+from .replay import Calls as Calls
+from .replay import Stored as Stored
+from .replay import preload as preload
+
 if TYPE_CHECKING:
     from .context import JobContext
     from .dialects import Dialect
     from .leases import Lease
-    from .records import ClaimedJob
-
-logger = logging.getLogger(__name__)
 
 # A call's plan: it yields its database parts (each a function of no argument, or a step's
 # Work) and is sent back what each returned; it returns the call's result.
 type Plan[T] = Generator[Callable[[], Any] | Work, Any, T]
 
-SLEEP, EVENT, SPAWN, WAIT = "@sleep", "@event", "@spawn", "@wait"
-# Records read with a claim, per resumed job on average (see `preload`).
-PRELOAD_ROWS = 20
 # Seconds between two writes of one job's progress: the latest value in between is kept and
 # written by the next call after that, or when the run ends.
 PROGRESS_EVERY = 1.0
-MISSING: Any = object()
-
-
-class Stored:
-    """A record's result as the claim's read returned it, decoded at first use (a resumed
-    sleep only asks whether its record is there)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Calls:
-    """The durable calls of one run: what earlier runs recorded, and the count of each name."""
-
-    def __init__(
-        self,
-        dialect: Dialect,
-        job_id: int,
-        has_steps: bool = True,
-        recorded: dict[tuple[str, int], Any] | None = None,
-    ) -> None:
-        self.dialect = dialect
-        self.job_id = job_id
-        self.has_steps = has_steps  # the job's row says so already (no need to mark it)
-        # None: read at the run's first durable call; {} when the claim said there is none;
-        # `recorded` when the worker read them with the claim (`preload`).
-        if recorded is None and not has_steps:
-            recorded = {}
-        self._recorded = recorded
-        self._counts: Counter[str] = Counter()
-
-    @property
-    def read(self) -> bool:
-        """Whether the job's records are known to this run (`load` has nothing to do)."""
-        return self._recorded is not None
-
-    def load(self) -> None:
-        """Read the job's records (once, at a run's first durable call)."""
-        rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
-        self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
-
-    def next(self, name: str, *, decode: bool = True) -> tuple[int, Any]:
-        """Number this run's next call of `name`; return (seq, its record or MISSING).
-
-        With `decode=False` a record read with the claim may come back as `Stored` (the
-        caller only asks whether there is one).
-        """
-        if self._recorded is None:
-            self.load()
-        assert self._recorded is not None
-        self._counts[name] += 1
-        seq = self._counts[name]
-        found = self._recorded.get((name, seq), MISSING)
-        if decode and type(found) is Stored:
-            found = self._recorded[(name, seq)] = read_json(found.value)
-        return seq, found
-
-    def recorded(self) -> dict[tuple[str, int], Any]:
-        """Every record of the job, decoded (read at the first call that needs them)."""
-        if self._recorded is None:
-            rows = JobStep.objects.using(self.dialect.using).filter(job_id=self.job_id)
-            self._recorded = {(n, s): r for n, s, r in rows.values_list("name", "seq", "result")}
-        for key, value in self._recorded.items():
-            if type(value) is Stored:
-                self._recorded[key] = read_json(value.value)
-        return self._recorded
-
-    def remember(self, name: str, seq: int, result: Any) -> None:
-        """Keep the result just recorded (its transaction committed)."""
-        assert self._recorded is not None
-        self._recorded[(name, seq)] = result
-        self.has_steps = True
-
-
-def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
-    """Read the records of the claimed `jobs` that have some, in one query: set each one's
-    `records`, which its run then uses instead of a read of its own.
-
-    A resumed job's run (after a sleep, say) otherwise begins with a round trip of its own:
-    with short resumes that read was most of their cost. At most PRELOAD_ROWS rows a job on
-    average are read; a job whose rows may not all have come is left to read its own. A read
-    that fails leaves them all to do so (their leases are held: nothing may be lost here).
-    """
-    ids = sorted(job.id for job in jobs if job.has_steps)
-    if not ids:
-        return
-    cap = PRELOAD_ROWS * len(ids)
-    try:
-        rows = dialect.read_records(ids, cap + 1)
-    except (DatabaseError, InterfaceError) as exc:
-        logger.debug("Could not read the records of %s claimed job(s): %s", len(ids), exc)
-        return
-    # Read in job order: when the cap cut the read short, the last job's rows (and those of
-    # the jobs after it) may be missing.
-    complete_below = rows[-1][0] if len(rows) > cap else None
-    found: dict[int, dict[tuple[str, int], Any]] = {pk: {} for pk in ids}
-    for job_id, name, seq, result in rows:
-        found[job_id][(name, seq)] = Stored(result)
-    for job in jobs:
-        if job.has_steps and (complete_below is None or job.id < complete_below):
-            job.records = found[job.id]
 
 
 def fence(dialect: Dialect, lease: Lease) -> None:
@@ -197,6 +97,7 @@ def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | N
         attempt=lease.attempt,
         name=name,
         seq=seq,
+        place=ctx._calls.place_of(name, seq),
         result=result,
         duration=duration,
         mark=not ctx._calls.has_steps,  # the job's first record: say so on its row
@@ -353,6 +254,7 @@ def write_records(records: list[Record], outcomes: list[BaseException | None]) -
                         ctx.attempt,
                         name,
                         seq,
+                        ctx._calls.place_of(name, seq),
                         result,
                         duration,
                         not ctx._calls.has_steps,
@@ -465,10 +367,12 @@ def sleep_plan(
     # the promoter made once the time had come (by the database clock). No clock is read.
     if ctx._ignore_delays or found is not MISSING:
         return
+    place = ctx._calls.place_of(SLEEP, seq)
     if seconds is not None:  # the suspension sets run_after from the database's now
-        raise Suspend("sleep", delay=seconds, records=[(SLEEP, seq, {"seconds": seconds})])
+        raise Suspend("sleep", delay=seconds, records=[(SLEEP, seq, {"seconds": seconds}, place)])
     assert until is not None
-    raise Suspend("sleep", until=until, records=[(SLEEP, seq, {"until": until.isoformat()})])
+    record = (SLEEP, seq, {"until": until.isoformat()}, place)
+    raise Suspend("sleep", until=until, records=[record])
 
 
 def event_plan(ctx: JobContext, key: str, timeout: float | dt.timedelta | None) -> Plan[Any]:
@@ -499,7 +403,7 @@ def event_plan(ctx: JobContext, key: str, timeout: float | dt.timedelta | None) 
     records = []
     if found is MISSING:
         pending = {"key": key, "until": None if until is None else until.isoformat()}
-        records = [(EVENT, seq, {**pending, "timeout": timeout})]
+        records = [(EVENT, seq, {**pending, "timeout": timeout}, ctx._calls.place_of(EVENT, seq))]
     raise Suspend("event", key=key, until=until, records=records)
 
 
@@ -592,6 +496,17 @@ def _spawn(ctx: JobContext, seq: int, type: str, args: Any, options: dict[str, A
         write(ctx, SPAWN, seq, {"job_id": child.pk, "type": type}, None)
     ctx._calls.remember(SPAWN, seq, {"job_id": child.pk, "type": type})
     return child
+
+
+def patch_plan(ctx: JobContext, patch_id: str) -> Plan[bool]:
+    """ctx.patched(): whether this job takes the path of the code deployed with the patch."""
+    validation.check_label("patch id", patch_id, 200)
+    if not ctx._calls.read:
+        yield ctx._calls.load
+    answer, place = ctx._calls.patch(patch_id)
+    if place is not None:  # the first run to reach it: its answer, recorded at its place
+        yield functools.partial(_record, ctx, PATCH, place, {"patch": patch_id})
+    return answer
 
 
 def progress_plan(ctx: JobContext, current: float, total: float | None, message: str) -> Plan[None]:

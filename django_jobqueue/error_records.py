@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from .exceptions import ReplayMismatch
 from .validation import printable
 
 # An error record stays far below what any database accepts in a row, however often a job
@@ -25,7 +26,10 @@ def error_info(exc: BaseException, attempt: int, *, with_traceback: bool = True)
     except Exception:  # a broken __str__ must not lose the attempt's outcome
         message = f"<{cls.__qualname__} whose str() failed>"
     tb = "".join(traceback.format_exception(exc)) if with_traceback else ""
-    return error_record(cls, message, attempt, traceback=tb)
+    record = error_record(cls, message, attempt, traceback=tb)
+    if isinstance(exc, ReplayMismatch):  # where the replay stopped agreeing (the admin's retry)
+        record["place"] = exc.place
+    return record
 
 
 def error_record(

@@ -201,6 +201,26 @@ class ResultNotStored(JobQueueError):
     """A handler's result cannot be stored (not JSON, or refused by the database); the job dies."""
 
 
+class ReplayMismatch(JobQueueError):
+    """A replay's durable call is not the call recorded at its place: the job ends `dead`.
+
+    Attributes:
+        job_id: The job.
+        place: The call's place in its run (1: the run's first durable call).
+        recorded: What was recorded there ("step 'a'", "a sleep", ...).
+        asked: What the handler asked for there.
+    """
+
+    def __init__(self, job_id: int, place: int, recorded: str, asked: str) -> None:
+        self.job_id, self.place, self.recorded, self.asked = job_id, place, recorded, asked
+        super().__init__(
+            f"job {job_id} does not replay as it ran: at place {place} its handler asks for "
+            f"{asked}, where {recorded} was recorded. Deploy such a change as a new version "
+            "of the handler, or behind ctx.patched(); to run the new code from there, retry "
+            f"the job from place {place - 1} (see 'Changing a durable handler safely')."
+        )
+
+
 class ContainerNotSealed(JobQueueError):
     """A container stayed open (unsealed) too long and was failed; see OPEN_CONTAINER_TIMEOUT."""
 
@@ -210,7 +230,7 @@ class Suspend(BaseException):
     """Raised by a durable call that must wait: the run stops and the job is suspended.
 
     A BaseException, so that a handler's `except Exception` does not swallow it. `records`
-    are the JobStep rows (name, seq, result) to write with the suspension.
+    are the JobStep rows (name, seq, result, place) to write with the suspension.
     """
 
     kind: str  # "sleep" (until `until`, or `delay` seconds), "event" (waiting for `key`), "jobs"
@@ -219,7 +239,7 @@ class Suspend(BaseException):
     key: str | None = None
     job_ids: list[int] = dataclasses.field(default_factory=list)
     count: int | None = None  # "jobs": how many of `job_ids` must be final (None: all)
-    records: list[tuple[str, int, Any]] = dataclasses.field(default_factory=list)
+    records: list[tuple[str, int, Any, int | None]] = dataclasses.field(default_factory=list)
     closes: str | None = None  # a resource to close for `delay` seconds (RateLimited)
 
     def __str__(self) -> str:

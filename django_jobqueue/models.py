@@ -428,12 +428,16 @@ class JobStep(models.Model):
     wait or a spawn (names starting with "@"), kept so that a later run returns it again.
 
     `seq` numbers the calls of one name within a run (1, 2, ...): a step called in a loop has
-    one record per call. Written in the transaction of the step, fenced by the job's lease.
+    one record per call; `place` numbers all the durable calls of a run. Written in the
+    transaction of the step, fenced by the job's lease.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps")
     name = KeyField(_("name"), max_length=200)
     seq = models.IntegerField(_("call"), default=1)
+    # The call's place in its run (1: the run's first durable call), which each replay checks;
+    # NULL in the records written before places were (matched by name and call only).
+    place = models.IntegerField(_("place"), null=True, blank=True)
     result = models.JSONField(_("result"), null=True, blank=True)
     attempt = models.IntegerField(_("attempt"))
     duration = models.FloatField(_("duration (seconds)"), null=True, blank=True)

@@ -45,10 +45,11 @@ class ClaimedJob:
     A plain object rather than a Job model instance: a profile of the drain showed building
     model instances as the worker's largest cost after the claim statement itself. `model()`
     gives the Job instance when a handler's context needs one. `records` holds its durable
-    calls' records when the worker read them with the claim (`durable.preload`), else None.
+    calls' records when the worker read them with the claim (`replay.preload`), else None,
+    and `places` the calls at their places.
     """
 
-    __slots__ = (*CLAIM_FIELDS, "_model", "using", "records")
+    __slots__ = (*CLAIM_FIELDS, "_model", "using", "records", "places")
 
     id: int
     type: str
@@ -73,6 +74,7 @@ class ClaimedJob:
         """Take the values of CLAIM_FIELDS, in that order."""
         self.using = using
         self.records: dict[tuple[str, int], Any] | None = None
+        self.places: dict[int, tuple[str, int]] | None = None
         self._model: Job | None = None
         (
             self.id,

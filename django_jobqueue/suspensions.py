@@ -79,10 +79,17 @@ def suspend_many(dialect: Dialect, items: Sequence[tuple[Lease, Suspend]]) -> di
                 states[lease.job_id] = BUSY if held_elsewhere(dialect, lease) else None
         suspending = [(lease, how) for lease, how in items if lease.job_id in rows]
         JobStep.objects.using(dialect.using).bulk_create(
-            JobStep(job_id=lease.job_id, name=name, seq=seq, result=result, attempt=lease.attempt)
+            JobStep(
+                job_id=lease.job_id,
+                name=name,
+                seq=seq,
+                place=place,
+                result=result,
+                attempt=lease.attempt,
+            )
             for lease, how in suspending
             if not rows[lease.job_id][0]
-            for name, seq, result in how.records
+            for name, seq, result, place in how.records
         )
         for resource, delay in sorted(
             {(h.closes, h.delay or 0.0) for _, h in suspending if h.closes}

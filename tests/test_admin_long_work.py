@@ -140,7 +140,7 @@ def test_retry_from_a_step_is_a_post_of_a_user_who_may_change_jobs(tmp_path: Pat
 
 
 def test_retry_from_a_step_offers_the_latest_records_and_selects_the_last() -> None:
-    from django_jobqueue.admin.durable import SHOWN_STEPS, retry_points
+    from django_jobqueue.admin.durable import SHOWN_STEPS, START, retry_points
 
     job = JobFactory(state=Job.State.DEAD, attempts=1, finished_at=timezone.now(), has_steps=True)
     JobStep.objects.bulk_create(
@@ -148,8 +148,9 @@ def test_retry_from_a_step_offers_the_latest_records_and_selects_the_last() -> N
     )
     points = retry_points(job)
     ids = list(JobStep.objects.filter(job=job).order_by("pk").values_list("pk", flat=True))
-    assert [pk for pk, _ in points] == ids[5:]  # the latest 200, oldest first
-    assert points[-1][1] == f"page #{SHOWN_STEPS + 5} (attempt 1)"
+    assert points[0][0] == START  # it spawned nothing: it may start over
+    assert [int(value) for value, _, _ in points[1:]] == ids[5:]  # the latest 200, oldest first
+    assert points[-1][1:] == (f"page #{SHOWN_STEPS + 5} (attempt 1)", True)
 
 
 def test_a_suspended_jobs_page_shows_its_steps_and_what_it_waits_for(
@@ -172,7 +173,7 @@ def test_a_suspended_jobs_page_shows_its_steps_and_what_it_waits_for(
     page = admin_client.get(url("job_change", sleeper.pk)).content.decode()
     steps = page.split("<label>Steps (durable calls kept across runs):</label>")[1]
     steps = steps.split("</table>")[0]
-    assert "<th>step</th><th>call</th><th>attempt</th>" in steps
+    assert "<th>step</th><th>call</th><th>place</th><th>attempt</th>" in steps
     assert "<td>started</td><td>1</td><td>1</td>" in steps and "<td>sleep</td>" in steps
     assert "its run after" in waits_for(sleeper)
     assert "event approval:9, gives up at" in waits_for(waiter)

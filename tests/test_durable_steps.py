@@ -316,7 +316,7 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobqueue import durable, leases
+    from django_jobqueue import durable, leases, replay
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.dialects.base import read_json
 
@@ -348,7 +348,7 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
     assert calls.next("@sleep", decode=False)[1] is not durable.MISSING
     # At most PRELOAD_ROWS a job on average: the read of 2 jobs stops at 3 rows, and the
     # job of the last row read (maybe cut short) reads its own.
-    monkeypatch.setattr(durable, "PRELOAD_ROWS", 1)
+    monkeypatch.setattr(replay, "PRELOAD_ROWS", 1)
     for job in claimed:
         job.records = None
     durable.preload(dialect, claimed)
@@ -445,7 +445,7 @@ def test_a_batch_of_sleeps_is_suspended_and_what_cannot_be_is_told_apart():
     Job.objects.filter(pk=lost).update(lease_owner="w2")
 
     def nap(pk: int, delay: float) -> tuple[leases.Lease, Suspend]:
-        record = ("@sleep", 1, {"seconds": delay})
+        record = ("@sleep", 1, {"seconds": delay}, 1)
         return leases.Lease(pk, "w1", claimed[pk].attempts), Suspend(
             "sleep", delay=delay, records=[record]
         )

@@ -701,7 +701,7 @@ def test_a_batch_of_sleeps_finds_its_rows_by_primary_key(queue_table: None) -> N
     dialect = get_dialect("default")
     held = claimed_leases(dialect)
     items = [
-        (lease, Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})]))
+        (lease, Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60}, 1)]))
         for lease in held
     ]
     statements = statements_of(lambda: suspend_many(dialect, items))
@@ -752,7 +752,7 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
             dialect, "explain", [(j.id, j.attempts, None) for j in finishing]
         )
     )
-    sleep = Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60})])
+    sleep = Suspend("sleep", delay=60.0, records=[("@sleep", 1, {"seconds": 60}, 1)])
     leases_ = [leases.Lease(j.id, "explain", j.attempts) for j in sleeping]
     scan_free(lambda: suspend_many(dialect, [(lease, sleep) for lease in leases_]))
     assert scan_free(lambda: promote_due(dialect, batch=100)) == 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+from django.db.models import F
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -12,7 +13,15 @@ from ..models import Job, JobDependency, JobStep, JobWait
 from . import display
 
 SHOWN_STEPS = 200
-KINDS = {"@sleep": "sleep", "@event": "event wait", "@spawn": "spawn", "@wait": "wait for jobs"}
+KINDS = {
+    "@sleep": "sleep",
+    "@event": "event wait",
+    "@spawn": "spawn",
+    "@wait": "wait for jobs",
+    "@patch": "patched()",
+    "@acquire": "acquire",
+    "@settle": "settle",
+}
 
 
 def progress(job: Job) -> SafeString | str:
@@ -39,7 +48,7 @@ def steps(job: Job) -> SafeString | str:
     rows = list(
         JobStep.objects.filter(job_id=job.pk)
         .order_by("pk")
-        .values_list("name", "seq", "attempt", "created_at", "duration", "result")[
+        .values_list("name", "seq", "place", "attempt", "created_at", "duration", "result")[
             : SHOWN_STEPS + 1
         ]
     )
@@ -53,22 +62,23 @@ def steps(job: Job) -> SafeString | str:
         )
     body = format_html_join(
         "",
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         (
             (
                 KINDS.get(name, name),
                 seq,
+                "-" if place is None else place,
                 attempt,
                 display.moment(created),
                 "-" if duration is None else display.duration(duration),
                 _size(result),
             )
-            for name, seq, attempt, created, duration, result in rows
+            for name, seq, place, attempt, created, duration, result in rows
         ),
     )
     return format_html(
-        "<table><thead><tr><th>step</th><th>call</th><th>attempt</th><th>recorded</th>"
-        "<th>took</th><th>result</th></tr></thead><tbody>{}</tbody></table>{}",
+        "<table><thead><tr><th>step</th><th>call</th><th>place</th><th>attempt</th>"
+        "<th>recorded</th><th>took</th><th>result</th></tr></thead><tbody>{}</tbody></table>{}",
         body,
         more,
     )
@@ -113,18 +123,39 @@ def waits_for(job: Job) -> SafeString | str:
     return "-"
 
 
-def retry_points(job: Job) -> list[tuple[int, str]]:
-    """The step records a dead or cancelled job can be retried after: (record id, label),
-    those after its last spawn (clearing a spawn would spawn its child again)."""
+# The retry point before every record: the next run starts over.
+START = "start"
+
+
+def retry_points(job: Job) -> list[tuple[str, str, bool]]:
+    """The points a dead or cancelled job can be retried from: (value, label, selected), the
+    records after its last spawn (clearing a spawn would spawn its child again), and START
+    when it spawned nothing. Selected: the last record, or for a job that a ReplayMismatch
+    stopped, the last place where its replay agreed."""
     if not job.has_steps:
         return []
-    records = JobStep.objects.filter(job_id=job.pk).order_by("pk")
+    records = JobStep.objects.filter(job_id=job.pk)
     last_spawn = records.filter(name="@spawn").order_by("-pk").values_list("pk", flat=True)
     spawned = last_spawn.first()
     if spawned is not None:
         records = records.filter(pk__gte=spawned)
-    # The latest SHOWN_STEPS, oldest first: the last one (selected) keeps every record, so a
-    # click without a choice never clears records the select does not show.
-    latest = records.order_by("-pk").values_list("pk", "name", "seq", "attempt")[:SHOWN_STEPS]
-    return [(pk, f"{KINDS.get(name, name)} #{seq} (attempt {attempt})") for pk, name, seq,
-            attempt in reversed(latest)]  # fmt: skip
+    # The latest SHOWN_STEPS in place order (records from before places first), oldest
+    # first: the last one keeps every record, so a click without a choice clears nothing.
+    order = (F("place").desc(nulls_last=True), "-pk")
+    fields = ("pk", "name", "seq", "attempt", "place")
+    latest = list(reversed(records.order_by(*order).values_list(*fields)[:SHOWN_STEPS]))
+    points = [(START, "nothing: run from the start", False)] if spawned is None else []
+    for pk, name, seq, attempt, place in latest:
+        at = f"place {place}: " if place is not None else ""
+        points.append((str(pk), f"{at}{KINDS.get(name, name)} #{seq} (attempt {attempt})", False))
+    if not points:
+        return []
+    mismatch = (job.last_error or {}).get("place")
+    chosen = len(points) - 1
+    if isinstance(mismatch, int):  # where the mismatch's replay last agreed
+        agreed = [n for n, row in enumerate(latest) if row[4] is not None and row[4] < mismatch]
+        if agreed:
+            chosen = agreed[-1] + len(points) - len(latest)
+        elif spawned is None:
+            chosen = 0
+    return [(value, label, n == chosen) for n, (value, label, _) in enumerate(points)]

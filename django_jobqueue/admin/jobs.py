@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .. import conf, containers, control
 from ..exceptions import JobQueueError
-from ..models import Job, JobDependency, Worker
+from ..models import Job, JobDependency, JobStep, Worker
 from . import display, durable, filters, graph, rollup, timeline
 from .actions import (
     cancel_jobs,
@@ -174,24 +174,32 @@ class JobAdmin(JobPagesAdmin):
         if not self.has_change_permission(request):
             raise PermissionDenied
         pk = filters.parse_id(object_id)
-        step = filters.parse_id(request.POST.get("step"))
-        if pk is None or step is None:
+        start = request.POST.get("step") == durable.START
+        step = None if start else filters.parse_id(request.POST.get("step"))
+        if pk is None or (step is None and not start):
             messages.error(request, "Nothing was retried: no such job or step.")
             return redirect(reverse("admin:django_jobqueue_job_changelist"))
+        keep: dict[str, int] = {"keep_places_through": 0}
+        if step is not None:
+            records = JobStep.objects.filter(pk=step, job_id=pk)
+            place = records.values_list("place", flat=True).first()
+            # A record with a place keeps the records of the places up to its own (also one
+            # that a call at an earlier place wrote later, after an error it caught, say).
+            keep = {"keep_steps_through": step} if place is None else {"keep_places_through": place}
         try:
-            control.retry(pk, keep_steps_through=step)
+            control.retry(pk, **keep)
         except JobQueueError as exc:
             messages.error(request, f"Nothing was retried: {exc}")
             return redirect(display.job_url(pk))
         job = Job.objects.only("pk", "type", "state").get(pk=pk)
-        self.log_change(request, job, f"Retried (+1 attempt) keeping its steps through #{step}")
+        kept = "none of its steps" if start else f"its steps through #{step}"
+        self.log_change(request, job, f"Retried (+1 attempt) keeping {kept}")
         actions_logger.info(
-            "Admin user %s retried job %s keeping its steps through record %s",
-            request.user.get_username(), pk, step,
+            "Admin user %s retried job %s keeping %s", request.user.get_username(), pk,
+            "none of its steps" if start else f"its steps through record {step}",
         )  # fmt: skip
-        messages.success(
-            request, f"Retried #{pk}: the steps after record {step} run again; it is {job.state}."
-        )
+        again = "every step runs again" if start else f"the steps after record {step} run again"
+        messages.success(request, f"Retried #{pk}: {again}; it is {job.state}.")
         return redirect(display.job_url(pk))
 
     def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:

@@ -286,7 +286,7 @@ class Dialect:
 
     def read_records(self, ids: list[int], limit: int) -> list[tuple[Any, ...]]:
         """The first `limit` records of the jobs `ids` (ascending), in job order: (job id,
-        name, seq, result as the database returns it: see `read_json`).
+        name, seq, result as the database returns it: see `read_json`, place).
 
         Its statement is compiled by the ORM once per number of ids and kept: a claim reads the
         records of each batch of resumed jobs, and compiling it each time cost more than its run.
@@ -297,7 +297,7 @@ class Dialect:
                 JobStep.objects.using(self.using)
                 .filter(job_id__in=ids)
                 .order_by("job_id")
-                .values_list("job_id", "name", "seq", "result")[:limit]
+                .values_list("job_id", "name", "seq", "result", "place")[:limit]
             )
             sql, params = self.compile_query(query)
             assert params == ids, "the ids must be the statement's only parameters"
@@ -312,11 +312,11 @@ class Dialect:
 
     def record_call_sql(
         self, *, job_id: int, owner: str, attempt: int, name: str, seq: int, result: Any,
-        duration: float | None,
+        duration: float | None, place: int | None = None,
     ) -> tuple[str, list[Any]]:  # fmt: skip
         """`record_call`'s statement (without the mark), to run with others (`write_together`):
         it inserts one row while the lease is current, and locks the job's row."""
-        values = self._record_values(name, seq, result, attempt, duration)
+        values = self._record_values(name, seq, place, result, attempt, duration)
         return self._record_call_sql, [*values, job_id, owner, attempt]
 
     def fenced_insert_sql(
@@ -375,6 +375,7 @@ class Dialect:
         seq: int,
         result: Any,
         duration: float | None,
+        place: int | None = None,
         mark: bool = False,
     ) -> bool:
         """Insert the record of a durable call while the lease (owner, attempt) is current,
@@ -388,7 +389,8 @@ class Dialect:
         transaction.
         """
         sql, params = self.record_call_sql(job_id=job_id, owner=owner, attempt=attempt, name=name,
-                                           seq=seq, result=result, duration=duration)  # fmt: skip
+                                           seq=seq, result=result, duration=duration,
+                                           place=place)  # fmt: skip
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
             recorded = bool(cursor.rowcount)
@@ -397,13 +399,20 @@ class Dialect:
         return recorded
 
     def _record_values(
-        self, name: str, seq: int, result: Any, attempt: int, duration: float | None
+        self,
+        name: str,
+        seq: int,
+        place: int | None,
+        result: Any,
+        attempt: int,
+        duration: float | None,
     ) -> list[Any]:
         """The values of a JobStep row's columns, in `_record_call_sql`'s order."""
         fields = {f.name: f for f in JobStep._meta.concrete_fields}
         return [
             fields["name"].get_db_prep_save(name, self.connection),
             seq,
+            place,
             fields["result"].get_db_prep_save(result, self.connection),
             attempt,
             duration,
@@ -414,13 +423,14 @@ class Dialect:
         """Insert the records of several jobs' durable calls (one a job), as `record_call`
         would each, in the caller's transaction; return the ids of the jobs recorded.
 
-        Each item is (job id, lease owner, attempt, name, seq, result, duration, mark).
+        Each item is (job id, lease owner, attempt, name, seq, place, result, duration, mark).
         """
         recorded = set()
         by_job = sorted(items, key=operator.itemgetter(0))  # rows locked in id order
-        for job_id, owner, attempt, name, seq, result, duration, mark in by_job:
+        for job_id, owner, attempt, name, seq, place, result, duration, mark in by_job:
             if self.record_call(job_id=job_id, owner=owner, attempt=attempt, name=name, seq=seq,
-                                result=result, duration=duration, mark=mark):  # fmt: skip
+                                place=place, result=result, duration=duration,
+                                mark=mark):  # fmt: skip
                 recorded.add(job_id)
         return recorded
 
@@ -434,8 +444,8 @@ class Dialect:
         step, job = self.qn(JobStep._meta.db_table), self.qn(Job._meta.db_table)
         states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
         return (
-            f"INSERT INTO {step} (job_id, name, seq, result, attempt, duration, created_at) "
-            f"SELECT j.id, %s, %s, %s, %s, %s, %s FROM {job} j WHERE j.id = %s "
+            f"INSERT INTO {step} (job_id, name, seq, place, result, attempt, duration, "
+            f"created_at) SELECT j.id, %s, %s, %s, %s, %s, %s, %s FROM {job} j WHERE j.id = %s "
             f"AND j.lease_owner = %s AND j.attempts = %s AND j.state IN ({states})"
             f"{self.blocking_lock_sql}"
         )

@@ -604,10 +604,12 @@ class PostgreSQLDialect(Dialect):
                     WHERE j.id = l.id
                     RETURNING j.id, v.attempt, v.records
                 ), recorded AS (
-                    INSERT INTO {steps} (job_id, name, seq, result, attempt, duration, created_at)
-                    SELECT m.id, r.name, r.seq, r.result, m.attempt, NULL, {now}
+                    INSERT INTO {steps}
+                        (job_id, name, seq, place, result, attempt, duration, created_at)
+                    SELECT m.id, r.name, r.seq, r.place, r.result, m.attempt, NULL, {now}
                     FROM moved AS m
-                    CROSS JOIN jsonb_to_recordset(m.records) AS r(name text, seq int, result jsonb)
+                    CROSS JOIN jsonb_to_recordset(m.records)
+                        AS r(name text, seq int, place int, result jsonb)
                 )
                 SELECT id FROM moved
                 """,
@@ -621,7 +623,9 @@ class PostgreSQLDialect(Dialect):
                     "owner": owner,
                     "attempt": attempt,
                     "delay": seconds(delay).total_seconds(),  # clamped as every delay is
-                    "records": [{"name": n, "seq": q, "result": r} for n, q, r in records],
+                    "records": [
+                        {"name": n, "seq": q, "place": p, "result": r} for n, q, r, p in records
+                    ],
                 }
                 for job_id, owner, attempt, delay, records in items
             ]
@@ -635,7 +639,7 @@ class PostgreSQLDialect(Dialect):
         # statement's placeholders again at each execution, most of the read's CPU.
         steps = self.qn(JobStep._meta.db_table)
         sql = (
-            f"SELECT job_id, name, seq, result FROM {steps} "
+            f"SELECT job_id, name, seq, result, place FROM {steps} "
             "WHERE job_id = ANY(%s::bigint[]) ORDER BY job_id LIMIT %s"
         )
         return self._fetch_records(sql, [array(ids), limit])
@@ -650,14 +654,16 @@ class PostgreSQLDialect(Dialect):
         seq: int,
         result: Any,
         duration: float | None,
+        place: int | None = None,
         mark: bool = False,
     ) -> bool:
         if not mark:
             return super().record_call(job_id=job_id, owner=owner, attempt=attempt, name=name,
-                                       seq=seq, result=result, duration=duration)  # fmt: skip
+                                       seq=seq, result=result, duration=duration,
+                                       place=place)  # fmt: skip
         # The mark and the insert in one statement (an UPDATE that locks and fences the
         # row, in a CTE): a record is then one statement, even the job's first.
-        values = self._record_values(name, seq, result, attempt, duration)
+        values = self._record_values(name, seq, place, result, attempt, duration)
         with self.connection.cursor() as cursor:
             cursor.execute(self._mark_and_record_sql, [job_id, owner, attempt, *values])
             return bool(cursor.rowcount)
@@ -669,8 +675,8 @@ class PostgreSQLDialect(Dialect):
         return (
             f"WITH j AS (UPDATE {job} SET has_steps = true WHERE id = %s AND lease_owner = %s "
             f"AND attempts = %s AND state IN ({states}) RETURNING id) "
-            f"INSERT INTO {step} (job_id, name, seq, result, attempt, duration, created_at) "
-            "SELECT j.id, %s, %s, %s, %s, %s, %s FROM j"
+            f"INSERT INTO {step} (job_id, name, seq, place, result, attempt, duration, "
+            "created_at) SELECT j.id, %s, %s, %s, %s, %s, %s, %s FROM j"
         )
 
     def record_calls(self, items: Sequence[tuple[Any, ...]]) -> set[int]:
@@ -687,7 +693,8 @@ class PostgreSQLDialect(Dialect):
                 f"""
                 WITH v AS (
                     SELECT * FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, owner text,
-                        attempt int, name text, seq int, result jsonb, duration float8, mark bool)
+                        attempt int, name text, seq int, place int, result jsonb,
+                        duration float8, mark bool)
                 ), fenced AS (
                     SELECT j.id FROM {table} AS j JOIN v
                         ON v.id = j.id AND v.owner = j.lease_owner AND v.attempt = j.attempts
@@ -697,8 +704,9 @@ class PostgreSQLDialect(Dialect):
                     UPDATE {table} AS j SET has_steps = TRUE FROM v
                     WHERE j.id = v.id AND v.mark AND j.id IN (SELECT id FROM fenced)
                 )
-                INSERT INTO {steps} (job_id, name, seq, result, attempt, duration, created_at)
-                SELECT v.id, v.name, v.seq, v.result, v.attempt, v.duration, {now}
+                INSERT INTO {steps}
+                    (job_id, name, seq, place, result, attempt, duration, created_at)
+                SELECT v.id, v.name, v.seq, v.place, v.result, v.attempt, v.duration, {now}
                 FROM v WHERE v.id IN (SELECT id FROM fenced)
                 RETURNING job_id
                 """,
@@ -713,11 +721,12 @@ class PostgreSQLDialect(Dialect):
                     "attempt": attempt,
                     "name": name,
                     "seq": seq,
+                    "place": place,
                     "result": result,
                     "duration": duration,
                     "mark": mark,
                 }
-                for job_id, owner, attempt, name, seq, result, duration, mark in items
+                for job_id, owner, attempt, name, seq, place, result, duration, mark in items
             ]
         )
         with self.connection.cursor() as cursor:

@@ -17,6 +17,11 @@ class Migration(migrations.Migration):
             field=django_jobqueue.dialects.fields.KeyField(blank=True, db_default='', default='', max_length=50, verbose_name='handler version'),
         ),
         migrations.AddField(
+            model_name='jobstep',
+            name='place',
+            field=models.IntegerField(blank=True, null=True, verbose_name='place'),
+        ),
+        migrations.AddField(
             model_name='worker',
             name='handler_versions',
             field=models.JSONField(blank=True, default=dict, null=True, verbose_name='handler versions'),

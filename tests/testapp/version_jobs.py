@@ -2,7 +2,8 @@
 
 What a process registers depends on its environment, as the code of a release would:
 JOBQUEUE_TEST_REPORT_VERSIONS lists the versions of "versions.report" it has (default "1,2",
-both, oldest first).
+both, oldest first); JOBQUEUE_TEST_RELEASE says which code the handlers changed in place
+have ("old", the default, or "new").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import django_jobqueue as jobqueue
 
 REPORT_VERSIONS = os.environ.get("JOBQUEUE_TEST_REPORT_VERSIONS", "1,2").split(",")
+NEW = os.environ.get("JOBQUEUE_TEST_RELEASE", "old") == "new"
 
 
 def _report(version: str) -> Callable[..., Any]:
@@ -30,3 +32,21 @@ def _report(version: str) -> Callable[..., Any]:
 for _version in ("1", "2"):
     if _version in REPORT_VERSIONS:
         jobqueue.handler("versions.report", takes_context=True, version=_version)(_report(_version))
+
+
+@jobqueue.handler("versions.reorder", takes_context=True)
+def reorder(ctx: jobqueue.JobContext, sleep: float) -> list[str]:
+    """Steps a and b, then a sleep; the new release calls b before a."""
+    order = ("b", "a") if NEW else ("a", "b")
+    done = [ctx.step(name, lambda name=name: name) for name in order]
+    ctx.sleep(sleep)
+    return done
+
+
+@jobqueue.handler("versions.patch", takes_context=True)
+def patch_point(ctx: jobqueue.JobContext, sleep: float) -> dict[str, Any]:
+    """A step (the point), then a sleep; the new release asks patched("x") before the point."""
+    took = ctx.patched("x") if NEW else None
+    ctx.step("a", lambda: "a")
+    ctx.sleep(sleep)
+    return {"patched": took}
