@@ -255,7 +255,7 @@ class JobAdmin(JobPagesAdmin):
             return queryset.filter(pk__in=keyed), False
         return queryset.filter(type=term), False
 
-    @admin.display(description="version")
+    @admin.display(description="ver.")  # narrow: the list fits 1,280 px with the navigation
     def version(self, job: Job) -> str:
         return job.handler_version or "-"
 
