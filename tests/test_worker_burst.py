@@ -66,19 +66,23 @@ def test_job_that_always_kills_its_worker_is_dead_under_burst_workers(start_work
     (or the next worker, started once the lease has run out), and the next one runs it again,
     until its attempts are spent."""
     job = jobqueue.enqueue("test.crash_always", max_attempts=2)
-    codes, logs = [], []
+    codes, workers = [], []
     for _ in range(6):  # bounded: three are enough
         wait_until_owner_is_gone(job.pk)
         worker = start_worker("--burst", *SHORT_LEASE)
+        workers.append(worker)
         codes.append(worker.wait(120))
-        logs.append(worker.output())
         if Job.objects.get(pk=job.pk).state == Job.State.DEAD:
             break
     # Two deaths; a third worker only if the second's watchdog could not reclaim.
     assert codes[:2] == [KILLED, KILLED] and codes[2:] in ([], [0]), codes
-    text = "\n".join(logs)
-    assert ("Reclaimed 1 job(s) of dead worker" in text
-            or f"Reclaimed expired lease of job id={job.pk} -> dead" in text), text  # fmt: skip
+
+    def told() -> bool:  # a watchdog logs its reclaim just after it commits
+        text = "\n".join(w.output() for w in workers)
+        return ("Reclaimed 1 job(s) of dead worker" in text
+                or f"Reclaimed expired lease of job id={job.pk} -> dead" in text)  # fmt: skip
+
+    poll(told, timeout=30)
     dead = Job.objects.get(pk=job.pk)
     assert (dead.state, dead.attempts) == (Job.State.DEAD, 2)
     assert [(e["type"], e["attempt"]) for e in dead.errors] == [
