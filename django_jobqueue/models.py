@@ -322,6 +322,9 @@ class Worker(models.Model):
     id = KeyField(_("worker id"), max_length=255, primary_key=True)
     host = models.CharField(_("host"), max_length=255)
     pid = models.IntegerField(_("pid"))
+    # Who its process is on its host (worker/processes.py): a worker of the same host proves
+    # it gone by it. "" where it cannot be told, and in the rows of older releases.
+    process_key = models.CharField(_("process"), max_length=255, blank=True, default="")
     queues = models.JSONField(_("queues"), default=list)
     concurrency = models.IntegerField(_("concurrency"))
     started_at = models.DateTimeField(_("started"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -73,13 +74,15 @@ def test_frozen_worker_is_killed_before_another_worker_can_run_its_jobs(start_wo
     # The watchdog reclaims at once whatever is left when the frozen process is gone. With a
     # margin of a quarter TTL for "kill, wait until gone, connect, reclaim", a loaded machine
     # can let the row expire first; the rescuer's reclaimer then takes a job, after the kill
-    # all the same (the probe's result above). Each job is reclaimed once, by one of them.
+    # all the same (the probe's result above), as it does when it finds the killed process
+    # gone from this host. Each job is reclaimed once, by one of them.
     found = re.search(r"Reclaimed (\d) job\(s\) of killed worker", frozen.output())
     assert found, frozen.output()
     by_rescuer = rescuer.output().count("Reclaimed expired lease")
     assert int(found[1]) + by_rescuer == 2
     for job in (done, dead):
-        assert KILLED in job.last_error["message"] or "expired" in job.last_error["message"]
+        message = job.last_error["message"]
+        assert KILLED in message or "expired" in message or "found its process gone" in message
     assert rescuer.stop() == 0
 
 
@@ -152,9 +155,29 @@ def test_a_killed_workers_jobs_run_again_at_once_not_a_lease_later(start_worker)
     rescuer.wait_registered()
     doomed.signal(signal.SIGKILL)  # the worker alone: its watchdog lives on
     assert doomed.wait(60) == -signal.SIGKILL
-    # Well inside the two minutes the lease had left: only the watchdog can have reclaimed it.
+    # Well inside the two minutes the lease had left: the watchdog reclaimed it, or the
+    # rescuer found the process gone from this host first (never the lease's expiry).
     done = wait_for_job(probe.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert (done.state, done.attempts, done.result) == (Job.State.DONE, 2, [])
     assert "died during attempt 1" in done.last_error["message"]
     assert "gone without stopping" in doomed.output()
-    assert "Reclaimed expired lease" not in rescuer.output()
+
+
+def test_a_worker_started_on_the_host_of_a_killed_one_runs_its_jobs_at_once(start_worker):
+    """No watchdog outlives this worker (`--no-watchdog`: as if the whole process group had
+    been killed). A worker started on the same host finds the killed one's process gone and
+    takes its job back at once, not once the 30 s lease has run out; the runs never overlap."""
+    lease = ("--lease-ttl", "30", "--heartbeat-interval", "1", "--no-watchdog")
+    probe = jobqueue.enqueue("test.overlap_probe", {"first_sleep": 600}, max_attempts=3)
+    doomed = start_worker(*lease)
+    poll(lambda: RunRecord.objects.filter(job_id=probe.pk, attempt=1).exists())
+    doomed.signal(signal.SIGKILL)
+    assert doomed.wait(60) == -signal.SIGKILL
+    killed = time.monotonic()
+    rescuer = start_worker(*lease)
+    done = wait_for_job(probe.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
+    # The lease had 29 s or more left: a reclaim by its expiry comes later than this.
+    assert time.monotonic() - killed < 25, rescuer.output()
+    assert (done.state, done.attempts, done.result) == (Job.State.DONE, 2, [])
+    assert "found its process gone" in done.last_error["message"]
+    assert "is gone from this host" in rescuer.output()

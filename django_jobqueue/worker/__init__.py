@@ -255,6 +255,7 @@ class JobWorker:
             batch=conf.reclaim_batch,
             lease_ttl=self.lease_ttl,
             healthy_for=heartbeat.healthy_for,
+            worker_id=self.worker_id,
         )
         completer.on_suspended = promoter.wake  # a job suspended until soon: promote it in time
         burst = BurstCheck(

@@ -26,6 +26,7 @@ from ..dialects.base import seconds
 from ..dialects.functions import DbNow
 from ..leases import Lease, renew_leases
 from ..models import Worker as WorkerRow
+from . import processes
 from .duty import Duty
 from .flights import Flights
 
@@ -108,6 +109,7 @@ class Heartbeat(Duty):
             common = {
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "process_key": processes.identity(),
                 "queues": self.queues,
                 "concurrency": self.concurrency,
                 "lease_ttl": self.lease_ttl,

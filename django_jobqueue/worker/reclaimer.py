@@ -29,6 +29,7 @@ from ..dialects.functions import DbNow
 from ..error_records import error_record, with_error
 from ..exceptions import LeaseExpired
 from ..models import Job, Worker
+from . import processes
 from .duty import Duty
 
 logger = logging.getLogger(__name__)
@@ -179,14 +180,49 @@ DIED_REASON = (
     "worker {owner} died during attempt {attempt} (its watchdog saw the process gone and "
     "reclaimed its jobs at once)"
 )
+GONE_REASON = (
+    "worker {owner} died during attempt {attempt} (a worker on its host found its process "
+    "gone and reclaimed its jobs at once)"
+)
+
+
+def reclaim_gone_on_host(dialect: Dialect, *, batch: int, me: str) -> list[tuple[int, str]]:
+    """Reclaim at once the leases of the workers of this host whose process is provably gone.
+
+    Only the rows whose process identity names this host, boot and pid namespace are looked at
+    (worker/processes.py): elsewhere nothing can be proven, and the lease rules. Returns (job
+    id, new state) pairs.
+    """
+    here = processes.host()
+    if not here:
+        return []
+    rows = (
+        Worker.objects.using(dialect.using)
+        .filter(process_key__startswith=f"{here}:")
+        .exclude(pk=me)
+        .values_list("pk", "process_key")
+    )
+    moved: list[tuple[int, str]] = []
+    for pk, process in rows:
+        if processes.gone(process):
+            logger.warning("Worker %s is gone from this host: reclaiming its jobs at once", pk)
+            moved += reclaim_dead_worker(dialect, pk, batch=batch, reason=GONE_REASON)
+    return moved
 
 
 def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:
     """Whether a job in `queues` has an expired lease whose owner is gone or no longer lists it.
 
     The same test as `reclaim_expired`'s, without its lock: such a lease waits only for a
-    reclaimer, so a burst worker does not exit while one is left.
+    reclaimer, so a burst worker does not exit while one is left. A worker of this host whose
+    process is gone counts too, whatever its leases have left (`reclaim_gone_on_host` takes
+    them back at its next tick, and deletes its row).
     """
+    here = processes.host()
+    if here:
+        rows = Worker.objects.using(dialect.using).filter(process_key__startswith=f"{here}:")
+        if any(processes.gone(key) for key in rows.values_list("process_key", flat=True)):
+            return True
     expired = Job.objects.using(dialect.using).expired().in_queues(queues)
     holders = {
         str(owner)
@@ -254,12 +290,14 @@ class Reclaimer(Duty):
         lease_ttl: float,
         healthy_for: Callable[[], float],
         on_reclaimed: Callable[[list[tuple[int, str]]], None] | None = None,
+        worker_id: str = "",
     ) -> None:
         super().__init__(dialect, interval=interval, lock_timeout=lock_timeout)
         self.batch = batch
         self.lease_ttl = lease_ttl
         self.healthy_for = healthy_for
         self.on_reclaimed = on_reclaimed
+        self.worker_id = worker_id
         # True from before a reclaim's transaction until on_reclaimed has its outcome: a burst
         # worker reading the database meanwhile cannot tell a job reclaimed here yet.
         self.reclaiming = False
@@ -273,15 +311,17 @@ class Reclaimer(Duty):
         # take the database's write lock every second for nothing).
         if self.may_judge(None) and _stale_workers(self.dialect, self.lease_ttl * 4).exists():
             sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
-        if not Job.objects.using(self.dialect.using).expired().exists():
-            return None
         self.reclaiming = True
         try:
-            moved = reclaim_expired(
-                self.dialect,
-                batch=self.batch,
-                may_judge=self.may_judge,
-            )
+            # The workers of this host whose process is gone: proven dead, their leases are
+            # taken back now, not once they run out (and whatever this worker's health).
+            moved = reclaim_gone_on_host(self.dialect, batch=self.batch, me=self.worker_id)
+            if Job.objects.using(self.dialect.using).expired().exists():
+                moved += reclaim_expired(
+                    self.dialect,
+                    batch=self.batch,
+                    may_judge=self.may_judge,
+                )
             if moved and self.on_reclaimed is not None:
                 self.on_reclaimed(moved)
         finally:
