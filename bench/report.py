@@ -126,6 +126,11 @@ def main() -> None:
             what = f"claim ms beside {beside['suspended']:,} suspended jobs / empty table ({db})"
             rows.append(line(what, beside["full_ms"], beside["empty_ms"], "about 1x (<= 1.2x)",
                              beside["ratio"] <= 1.2))  # fmt: skip
+        checked = own.get(("replay_check_drain", db, ""))
+        if checked:
+            what = f"jobs/s of 20-step jobs that replay, position check on / off ({db})"
+            rows.append(line(what, checked["checked_per_s"], checked["unchecked_per_s"],
+                             "about 1x (>= 0.95x)", checked["ratio"] >= 0.95))  # fmt: skip
         steps = own.get(("async_steps", db, ""))
         if steps:
             what = f"async jobs, 3 steps of 0.05 s, jobs/s at concurrency 64 / (64 / 0.15 s) ({db})"

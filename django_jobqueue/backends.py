@@ -11,9 +11,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Callable, Mapping
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from .exceptions import RateLimited, Suspend
@@ -24,6 +26,7 @@ try:
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.inspect import get_func_args, is_module_level_function
     from django.utils.json import normalize_json
 
     HAS_TASKS = True
@@ -165,7 +168,8 @@ if HAS_TASKS:
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class JobQueueTask(Task):  # type: ignore[type-arg]
-        """A Task whose `using()` also takes django_jobqueue's options."""
+        """A Task whose `using()` also takes django_jobqueue's options, and which may have
+        versions (`version`, `older_versions`: set in `@task(...)`, not in `using()`)."""
 
         depends_on: tuple[Any, ...] = ()
         group: str = ""
@@ -175,6 +179,11 @@ if HAS_TASKS:
         timeout: float | dt.timedelta | None = None
         parent: Any = None
         uses: Any = None  # {resource: units} of JOBQUEUE["LIMITS"]
+        # This function's version of the task (a handler version: "" is none), and the
+        # functions of its older versions still registered beside it, {version: function},
+        # oldest first: a job runs under the version that first ran it (see registry.handler).
+        version: str = ""
+        older_versions: Mapping[str, Callable[..., Any]] | None = None
 
         def using(
             self,
@@ -259,6 +268,7 @@ if HAS_TASKS:
                     timeout = timeout.total_seconds()
                 if isinstance(timeout, int | float) and timeout <= 0:
                     raise InvalidTask("timeout must be positive.")
+                _validate_versions(task)
             self._register(task)
 
         def _register(self, task: Task[Any, Any]) -> None:
@@ -271,7 +281,14 @@ if HAS_TASKS:
             if key in self._tasks:
                 return
             self._tasks[key] = task
-            registry.handler(key, takes_context=True)(_TaskRunner(self, task))
+            # The older versions first: the one registered last is the newest.
+            for version, func in versions_of(task)[:-1]:
+                registry.handler(key, takes_context=True, version=version)(
+                    _TaskRunner(self, task, func)
+                )
+            registry.handler(key, takes_context=True, version=getattr(task, "version", ""))(
+                _TaskRunner(self, task)
+            )
             # task.using(backend=<another alias on this backend>) enqueues under that alias's
             # key, but a worker process only imports the definitions (made for their own
             # alias): without this it would have no handler and mark such jobs dead.
@@ -399,14 +416,63 @@ if HAS_TASKS:
                 object.__setattr__(result, "_return_value", job.result)
             return result
 
-    class _TaskRunner:
-        """The handler the worker calls for a task: context, signals and the call itself."""
+    def versions_of(task: Task[Any, Any]) -> list[tuple[str, Callable[..., Any]]]:
+        """(version, function) of each version of `task`, oldest first: its own is last."""
+        older = getattr(task, "older_versions", None) or {}
+        return [*older.items(), (getattr(task, "version", ""), task.func)]
 
-        def __init__(self, backend: JobQueueBackend, task: Task[Any, Any]) -> None:
+    def _validate_versions(task: JobQueueTask) -> None:
+        """InvalidTask unless the task's versions are valid handler versions, each once, and
+        its older versions functions that Django would take for the task's own."""
+        from .registry import VERSION_RE
+
+        if task.older_versions is not None and not isinstance(task.older_versions, Mapping):
+            raise InvalidTask(
+                "older_versions must be a dict of {version: function}, oldest first, not "
+                f"{task.older_versions!r}."
+            )
+        seen: set[str] = set()
+        for version, func in reversed(versions_of(task)):
+            if not isinstance(version, str) or not (version == "" or VERSION_RE.fullmatch(version)):
+                raise InvalidTask(
+                    f"Version {version!r} is invalid: use a string of 1-50 letters, digits, "
+                    "'_', '.', ':' or '-' (such as \"2\"), or \"\" for none."
+                )
+            if version in seen:
+                raise InvalidTask(
+                    f"Version {version!r} is the task's own: older_versions lists the others."
+                )
+            if func is not task.func and not (
+                is_module_level_function(func)
+                and (not task.takes_context or get_func_args(func)[:1] == ["context"])
+            ):
+                raise InvalidTask(
+                    f"older_versions[{version!r}] must be a function defined at a module level"
+                    + (", with a first argument 'context'" if task.takes_context else "")
+                    + f", as the task's: not {func!r}."
+                )
+            seen.add(version)
+
+    class _TaskRunner:
+        """The handler the worker calls for a task (or for one of its older versions, `func`):
+        context, signals and the call itself."""
+
+        def __init__(
+            self,
+            backend: JobQueueBackend,
+            task: Task[Any, Any],
+            func: Callable[..., Any] | None = None,
+        ) -> None:
             self.backend = backend
             self.task = task
+            self.func = func or task.func
             self.__name__ = task.name
-            self.__qualname__ = task.module_path
+            # The registry tells two functions of one version apart by their qualified names.
+            self.__qualname__ = (
+                task.module_path
+                if func is None
+                else f"{task.module_path}[{getattr(func, '__qualname__', repr(func))}]"
+            )
             self.__module__ = task.func.__module__
 
         def __call__(self, ctx: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -422,10 +488,12 @@ if HAS_TASKS:
             task_started.send(type(self.backend), task_result=result)
             try:
                 if self.task.takes_context:
-                    context = self._context(result, ctx)
-                    value = self.task.call(context, *args, **kwargs)
+                    args = [self._context(result, ctx), *args]
+                # As Task.call does, with this version's function.
+                if iscoroutinefunction(self.func):
+                    value = async_to_sync(self.func)(*args, **kwargs)
                 else:
-                    value = self.task.call(*args, **kwargs)
+                    value = self.func(*args, **kwargs)
                 value = normalize_json(value)
             except (Suspend, RateLimited):
                 raise  # a durable sleep or wait, or a closed quota: it runs later, not failed
@@ -452,9 +520,9 @@ if HAS_TASKS:
 
         def _context(self, result: TaskResult[Any, Any], ctx: JobContext) -> DurableTaskContext:
             """The task's context: with awaited durable calls for an async task (which runs
-            on a loop of its own through Django's `Task.call`, its database calls back in
-            this thread)."""
-            if iscoroutinefunction(self.task.func):
+            on a loop of its own through `async_to_sync`, as Django's `Task.call` runs it,
+            its database calls back in this thread)."""
+            if iscoroutinefunction(self.func):
                 from .context import AsyncJobContext
 
                 return AsyncDurableTaskContext(task_result=result, job=AsyncJobContext._of(ctx))

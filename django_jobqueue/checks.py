@@ -51,9 +51,11 @@ def check_database(
 
 
 def _unhandled_work(using: str) -> list[checks.CheckMessage]:
-    """W005: ready jobs of types that no live worker has a handler for (a deploy left behind)."""
+    """W005: ready jobs of types that no live worker has a handler for, or started jobs of a
+    version of its handler that none has (a deploy left behind)."""
     from django.db import DatabaseError
 
+    from . import versions
     from .dialects.functions import DbNow
     from .models import Job, Worker
 
@@ -61,11 +63,11 @@ def _unhandled_work(using: str) -> list[checks.CheckMessage]:
         live = list(
             Worker.objects.using(using)
             .filter(expires_at__gt=DbNow())
-            .values_list("handlers", flat=True)
+            .values_list("handlers", "handler_versions")
         )
         if not live:
             return []  # no worker to compare with: jobqueue_stats reports that
-        known = sorted({key for handlers in live for key in handlers or []})
+        known = sorted({key for handlers, _ in live for key in handlers or []})
         waiting = list(
             Job.objects.using(using)
             .filter(state=Job.State.READY)
@@ -74,18 +76,35 @@ def _unhandled_work(using: str) -> list[checks.CheckMessage]:
             .values_list("type", flat=True)
             .distinct()[:10]
         )
+        unserved = versions.unserved(Job.objects.using(using), versions.live_versions(live))
     except DatabaseError:
         return []  # not migrated yet, or unreachable: other checks and commands say so
-    if not waiting:
-        return []
-    return [
-        checks.Warning(
-            f"Ready jobs wait for handlers that no live worker has: {', '.join(waiting)}.",
-            hint="Deploy workers whose code registers these handlers (a rolling deploy in "
-            "progress clears this by itself), or cancel the jobs.",
-            id="django_jobqueue.W005",
+    found: list[checks.CheckMessage] = []
+    if waiting:
+        found.append(
+            checks.Warning(
+                f"Ready jobs wait for handlers that no live worker has: {', '.join(waiting)}.",
+                hint="Deploy workers whose code registers these handlers (a rolling deploy in "
+                "progress clears this by itself), or cancel the jobs.",
+                id="django_jobqueue.W005",
+            )
         )
-    ]
+    if unserved:
+        which = ", ".join(
+            f"{kind}@{version or '(none)'} ({n})"
+            for kind, by_version in unserved.items()
+            for version, n in by_version.items()
+        )
+        found.append(
+            checks.Warning(
+                f"Started jobs wait for handler versions that no live worker has: {which}.",
+                hint="Deploy workers whose code registers these versions again, beside the new "
+                "ones, until their jobs are finished (see 'Changing a durable handler safely'), "
+                "or cancel the jobs.",
+                id="django_jobqueue.W005",
+            )
+        )
+    return found
 
 
 def _server_messages(using: str) -> list[checks.CheckMessage]:

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import registry, versions
+from django_jobqueue import checks, registry, versions
 from django_jobqueue.exceptions import HandlerRegistrationError, UnknownHandlerError
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.testing import run_jobs
@@ -243,6 +243,21 @@ def test_stats_count_the_jobs_waiting_for_a_version_no_live_worker_has(register)
 
 
 @pytest.mark.django_db
+def test_the_system_check_warns_of_started_jobs_whose_version_no_live_worker_has(register):
+    register("2")
+    started(version="1")
+    started(version="")
+    jobqueue.enqueue(KEY)  # not started: any version runs it
+    assert checks.check_database(databases=["default"]) == []  # no live worker to compare
+    live_worker("w-2", {KEY: ["2"]})
+    [warning] = checks.check_database(databases=["default"])
+    assert warning.id == "django_jobqueue.W005"
+    assert f"no live worker has: {KEY}@(none) (1), {KEY}@1 (1)." in warning.msg
+    live_worker("w-both", {KEY: ["", "1", "2"]})
+    assert checks.check_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db
 def test_stats_without_live_workers_compare_with_this_process(register):
     register("1")
     register("2")
@@ -279,3 +294,23 @@ def _filter_choices(client: Client, url: str, title: str) -> list[dict[str, Any]
         if str(spec.title) == title:
             return list(spec.choices(response.context["cl"]))
     raise AssertionError(f"no filter {title!r}")
+
+
+@pytest.mark.django_db
+def test_the_overview_names_started_jobs_whose_version_no_live_worker_has(
+    admin_client: Client, register
+):
+    register("2")
+    one = started(version="1")
+    started(version="2")
+    live_worker("w-2", {KEY: ["2"]})
+    response = admin_client.get(reverse("admin:django_jobqueue_queueoverview_changelist"))
+    rows = response.context["stats"]["unserved_versions"]
+    assert [(r["type"], r["version"], r["count"]) for r in rows] == [(KEY, "1", 1)]
+    assert "Waiting for a handler version" in response.content.decode()
+    listed = admin_client.get(rows[0]["url"]).context["cl"].result_list
+    assert [job.pk for job in listed] == [one.pk]
+    live_worker("w-both", {KEY: ["1", "2"]})
+    response = admin_client.get(reverse("admin:django_jobqueue_queueoverview_changelist"))
+    assert response.context["stats"]["unserved_versions"] == []
+    assert "Waiting for a handler version" not in response.content.decode()

@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .. import pausing
+from .. import pausing, versions
 from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
@@ -53,9 +53,13 @@ def stats() -> dict[str, Any]:
             }
         )
     oldest = oldest_ready(jobs, now)
-    workers = Worker.objects.annotate(now=DbNow()).values_list("expires_at", "now", "handlers")
-    live_handlers = [hs for expires, at, hs in workers if expires and expires > at]
+    workers = Worker.objects.annotate(now=DbNow()).values_list(
+        "expires_at", "now", "handlers", "handler_versions"
+    )
+    alive = [(hs, vs) for expires, at, hs, vs in workers if expires and expires > at]
+    live_handlers = [hs for hs, _ in alive]
     waiting = unhandled(jobs, live_handlers if live_handlers else None)
+    unserved = versions.unserved(jobs, versions.live_versions(alive) if alive else None)
     return {
         "now": now,
         "states": live_states,
@@ -86,6 +90,17 @@ def stats() -> dict[str, Any]:
         ],
         "unhandled_total": sum(waiting.values()),
         "unhandled_whom": "no live worker has" if live_handlers else "no code here registers",
+        # Started jobs of a version no live worker has wait too (a version dropped too soon).
+        "unserved_versions": [
+            {
+                "type": t,
+                "version": v or "(none)",
+                "count": n,
+                "url": _list(type=t, version=v or "-"),
+            }
+            for t, by_version in unserved.items()
+            for v, n in by_version.items()
+        ],
     }
 
 

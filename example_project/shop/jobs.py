@@ -102,7 +102,10 @@ def rebuild_search(ctx: jobqueue.JobContext, batches: int) -> dict[str, Any]:
     return {"batches": batches, "stopped_early": False}
 
 
-@jobqueue.handler("shop.monthly_report", takes_context=True)
+# A version: a job runs under the version that first ran it, on every later run. A release
+# that changes the steps registers version "2" beside this one, and the reports already
+# waiting for an approval finish under "1" (docs: "Changing a durable handler safely").
+@jobqueue.handler("shop.monthly_report", takes_context=True, version="1")
 def monthly_report(ctx: jobqueue.JobContext, month: str, pages: int) -> dict[str, Any]:
     """A durable job: fetch each page once (a step kept across runs), wait for a manager's
     approval (the job holds no thread meanwhile), then publish."""

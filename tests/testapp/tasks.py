@@ -146,3 +146,5 @@ if django.VERSION >= (6, 1):  # @task() passes extra keyword arguments on to tas
     @task(group="reports", max_attempts=1)
     def grouped_report(name: str) -> str:
         return f"report {name}"
+
+    from . import version_tasks  # noqa: F401 - the tasks of the handler versions' tests

@@ -50,3 +50,42 @@ def patch_point(ctx: jobqueue.JobContext, sleep: float) -> dict[str, Any]:
     ctx.step("a", lambda: "a")
     ctx.sleep(sleep)
     return {"patched": took}
+
+
+# The same three as async handlers: their durable calls are awaited.
+
+
+def _areport(version: str) -> Callable[..., Any]:
+    async def report(ctx: jobqueue.AsyncJobContext, sleep: float) -> dict[str, Any]:
+        """report, awaited."""
+        first = await ctx.step("first", lambda: version)
+        await ctx.sleep(sleep)
+        return {"first": first, "version": version, "worker": ctx.worker_id}
+
+    report.__qualname__ = f"areport_v{version}"
+    return report
+
+
+for _version in ("1", "2"):
+    if _version in REPORT_VERSIONS:
+        jobqueue.handler("versions.areport", takes_context=True, version=_version)(
+            _areport(_version)
+        )
+
+
+@jobqueue.handler("versions.areorder", takes_context=True)
+async def areorder(ctx: jobqueue.AsyncJobContext, sleep: float) -> list[str]:
+    """reorder, awaited."""
+    order = ("b", "a") if NEW else ("a", "b")
+    done = [await ctx.step(name, lambda name=name: name) for name in order]
+    await ctx.sleep(sleep)
+    return done
+
+
+@jobqueue.handler("versions.apatch", takes_context=True)
+async def apatch_point(ctx: jobqueue.AsyncJobContext, sleep: float) -> dict[str, Any]:
+    """patch_point, awaited."""
+    took = await ctx.patched("x") if NEW else None
+    await ctx.step("a", lambda: "a")
+    await ctx.sleep(sleep)
+    return {"patched": took}

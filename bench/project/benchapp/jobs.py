@@ -1,9 +1,15 @@
 """The benchmark's handlers, autodiscovered by django_jobqueue."""
 
 import asyncio
+import os
 import time
 
 import django_jobqueue as jobqueue
+
+if os.environ.get("BENCH_REPLAY_CHECK") == "0":  # bench/replay_check.py's "before" workers
+    from django_jobqueue import replay
+
+    replay._CHECK_PLACES = False
 
 
 @jobqueue.handler("bench.noop")
@@ -44,6 +50,14 @@ def sync_steps(ctx, count=3, seconds=0.05):
     """`count` durable steps that each time.sleep(`seconds`) (the sync twin of async_steps)."""
     for _ in range(count):
         ctx.step("wait", time.sleep, seconds)
+
+
+@jobqueue.handler("bench.replayed_steps", takes_context=True)
+def replayed_steps(ctx, count=20, seconds=0.01):
+    """`count` no-op durable steps, then a sleep of `seconds`: the run after it replays them."""
+    for n in range(count):
+        ctx.step("piece", int, n)
+    ctx.sleep(seconds)
 
 
 @jobqueue.handler("bench.sleep_once", takes_context=True)

@@ -143,7 +143,8 @@ class Command(BaseCommand):
             f"#{cast.report.pk} [cyan]shop.monthly_report[/]: a durable job. It fetches "
             f"{REPORT_PAGES} pages, each once (ctx.step), then waits for a manager's approval "
             "(ctx.wait_for_event): it holds no thread meanwhile. jobqueue.send_event() "
-            "approves it.\n"
+            'approves it. Its handler has a version ("1"): a deploy that changes its steps '
+            "adds version 2 beside it, and this job would still finish under 1.\n"
             f"#{cast.reviews.pk} [cyan]shop.summarize_reviews[/]: an async durable job that "
             f"makes {REVIEWS} model calls, each an async step that first takes 800 tokens of "
             "acme's daily budget (await ctx.acquire) and then settles what the model used "
@@ -492,6 +493,8 @@ def check(cast: Cast, jobs: list[Job], ratio: float) -> list[str]:
                 "approved_by": "the manager"}  # fmt: skip
     if (report.state, report.attempts, report.result) != (Job.State.DONE, 1, expected):
         problems.append(f"monthly_report is {report.state} ({report.result}), not {expected}")
+    if report.handler_version != "1":
+        problems.append(f"monthly_report ran under version {report.handler_version!r}, not '1'")
     fetches = JobStep.objects.filter(job_id=report.pk, name="fetch").count()
     if fetches != REPORT_PAGES:
         problems.append(f"monthly_report recorded {fetches} fetches, not {REPORT_PAGES}")
