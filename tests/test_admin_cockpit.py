@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_jobqueue import metrics
 from django_jobqueue.admin.bulk import BULK_HANDLER
 from django_jobqueue.models import Job, MinuteCount, MinuteSpend
-from tests.admin_support import error, url
+from tests.admin_support import Scenario, error, url
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -177,3 +177,27 @@ def test_the_overview_leads_the_job_queue_section(admin_client: Client) -> None:
     section = html.split("app-django_jobqueue")[1]
     first = re.search(r'<a href="(/admin/django_jobqueue/[a-z]+/)"', section)
     assert first and first.group(1) == url("queueoverview_changelist"), section[:400]
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+def test_workers_show_their_start_uptime_and_jobs_done_and_refresh(
+    admin_client: Client, scenario: Scenario
+) -> None:
+    minute = metrics.minute_of(timezone.now())
+    for back, finished, failed in ((0, 30, 2), (1, 12, 0)):
+        MinuteCount.objects.create(
+            minute=minute - dt.timedelta(minutes=back), worker=scenario.live_worker.pk,
+            started=finished + failed, finished=finished, failed=failed, latency=[],
+        )  # fmt: skip
+    MinuteCount.objects.create(minute=minute, worker="someone-else", finished=5, latency=[])
+    html = admin_client.get(url("worker_changelist")).content.decode()
+    live = html.split(scenario.live_worker.pk)[1].split("</tr>")[0]
+    assert '42 done, <span class="jq-warn">2 failed</span>' in live
+    assert "up 1h 00m" in live or "up 1h 01m" in live  # it started an hour before the scenario
+    stale = html.split(scenario.stale_worker.pk)[1].split("</tr>")[0]
+    assert "0 done, 0 failed" in stale and "up 2h 0" in stale
+    assert 'data-jq-live="5" data-jq-live-target="changelist"' in html
+    page = admin_client.get(url("worker_change", scenario.live_worker.pk)).content.decode()
+    assert "42 done" in page
