@@ -189,7 +189,7 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
 
     Returns {"minutes": [...], "started"|"finished"|"failed": [...], "p50"|"p95": [...],
     "ready": {queue: [...]}, "oldest_ready": [...]}, one value per step (None where nothing
-    was recorded).
+    was recorded), and "latency": the latency buckets of the whole range.
     """
     first = minute_of(since)
     first -= (first.minute % step) * MINUTE  # steps start on the hour's multiples of `step`
@@ -222,6 +222,7 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     out.update(totals)
     out["p50"] = [quantile(buckets, 0.5) for buckets in merged]
     out["p95"] = [quantile(buckets, 0.95) for buckets in merged]
+    out["latency"] = [sum(column) for column in zip(*merged, strict=True)]  # the whole range
     samples = MinuteSample.objects.using(using).filter(**in_range)
     ready: dict[str, list[int | None]] = {}
     oldest: list[float | None] = [None] * slots
@@ -249,6 +250,15 @@ def series(using: str, since: dt.datetime, until: dt.datetime, step: int = 1) ->
     out["ready"] = ready
     out["oldest_ready"] = oldest
     return out
+
+
+def earliest(using: str, since: dt.datetime) -> dt.datetime | None:
+    """The first minute since `since` with a figure (a count or a sample), or None."""
+    found = [
+        model.objects.using(using).filter(minute__gte=since).aggregate(m=Min("minute"))["m"]
+        for model in (MinuteCount, MinuteSample)
+    ]
+    return min((m for m in found if m is not None), default=None)
 
 
 def quantile(buckets: list[int], q: float) -> float | None:

@@ -118,6 +118,11 @@ def test_long_work_tour(
         assert widths[0] <= widths[1], (listing, widths)
     page.goto(base + url("job_changelist"))
     page.screenshot(path=shots / "jobs-1280.png")
+    # The jobs list refreshes itself as the live leases do.
+    page.wait_for_function(
+        "() => document.querySelector('p.jq-live span').textContent.startsWith('Updated')"
+    )
+    assert page.locator("#result_list progress").count() == 1  # the running job only
 
     # Live leases and the long job's page refresh themselves; its progress moves.
     page.goto(base + url("livelease_changelist"))

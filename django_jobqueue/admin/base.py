@@ -132,7 +132,10 @@ class JobPagesAdmin(OwnFiltersAdmin):
 
     @admin.display(description="progress")
     def progress_bar(self, job: Job) -> SafeString | str:
-        return display.progress_bar(job.progress) if job.progress else ""
+        # Only while it runs: a finished or waiting job keeps its last attempt's progress.
+        if job.state != Job.State.RUNNING or not job.progress:
+            return ""
+        return display.progress_bar(job.progress)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The list, with the children of the workflows on its page counted (one query)."""
@@ -148,12 +151,15 @@ class JobPagesAdmin(OwnFiltersAdmin):
     finished = display.moment_column("finished_at", "finished")
 
     @admin.display(description="last error")
-    def last_error_line(self, job: Job) -> str:
+    def last_error_line(self, job: Job) -> SafeString | str:
         kind = getattr(job, "error_type", None)
         if kind is None:
             return ""
         error = {"type": kind, "message": getattr(job, "error_message", "")}
-        return display.first_line(error, limit=80)
+        line = display.first_line(error, limit=80)
+        if job.state == Job.State.DONE:  # the job succeeded after it: not its outcome
+            return format_html('<span class="jq-earlier">earlier attempt: {}</span>', line)
+        return line
 
     @admin.display(description="queue / group")
     def queue_and_group(self, job: Job) -> SafeString:
@@ -161,14 +167,23 @@ class JobPagesAdmin(OwnFiltersAdmin):
             return format_html("{}", job.queue)
         return format_html('{}<span class="jq-sub">{}</span>', job.queue, job.group_key)
 
-    @admin.display(description="running")
-    def running(self, job: Job) -> SafeString | str:
-        """How long a running job has run, and its progress under it (one column)."""
-        took = self.running_for(job)
-        bar = self.progress_bar(job)
-        if took and bar:
-            return format_html('{}<span class="jq-sub">{}</span>', took, bar)
-        return took or bar
+    @admin.display(description="run time")
+    def run_time(self, job: Job) -> SafeString | str:
+        """How long a running job has run, with its progress under it; how long a finished
+        job's last attempt took (one column)."""
+        if job.state == Job.State.RUNNING:
+            took = self.running_for(job)
+            bar = self.progress_bar(job)
+            if took and bar:
+                return format_html('{}<span class="jq-sub">{}</span>', took, bar)
+            return took or bar
+        if job.state in Job.TERMINAL_STATES and job.started_at and job.finished_at:
+            seconds = (job.finished_at - job.started_at).total_seconds()
+            return format_html(
+                '<span class="jq-took" title="its last attempt">took {}</span>',
+                display.duration(max(seconds, 0.0)),
+            )
+        return ""
 
     @admin.display(description="running for")
     def running_for(self, job: Job) -> SafeString | str:

@@ -15,6 +15,8 @@ from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, Worker
 
+# The queue's own handlers (the admin's bulk actions) are named so; no filter offers them.
+INTERNAL_PREFIX = "jobqueue."
 # The queue and group choices also come from this many of the newest jobs: a bounded look.
 RECENT = 1000
 
@@ -94,14 +96,15 @@ class GroupFilter(_ValueFilter):
 
 
 class TypeFilter(_ValueFilter):
-    """The handler keys registered in this process."""
+    """The handler keys registered in this process, but the queue's own ("jobqueue.*")."""
 
     title = _("handler key")
     parameter_name = "type"
     field = "type"
 
     def values(self, request: HttpRequest, model_admin: Any) -> set[str]:
-        return set(registry.keys())
+        registered = registry.keys()
+        return {key for key in registered if not key.startswith(INTERNAL_PREFIX)}
 
 
 class VersionFilter(_ValueFilter):

@@ -47,7 +47,7 @@ class JobAdmin(JobPagesAdmin):
         "queue_and_group",
         "attempts_of",
         "created",
-        "running",
+        "run_time",
         "last_error_line",
     ]
     list_filter = [
@@ -143,6 +143,9 @@ class JobAdmin(JobPagesAdmin):
         ("Data", {"fields": ["arguments", "job_result"]}),
         ("Times", {"fields": ["created_time", "updated_time", "started_time", "finished_time"]}),
     ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {"live_every": LIVE_EVERY, **(extra_context or {})})
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None

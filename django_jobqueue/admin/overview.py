@@ -18,7 +18,7 @@ from ..dialects import get_dialect
 from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
 from ..stats import oldest_ready, unhandled
-from . import charts, display
+from . import breakdown, charts, display
 from .base import JobPagesAdmin
 
 HOUR = dt.timedelta(hours=1)
@@ -146,16 +146,24 @@ class QueueOverviewAdmin(JobPagesAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         figures = stats()
-        span = request.GET.get("range", "hour")
-        if span not in charts.RANGES:
-            span = "hour"
+        using = Job.objects.db
+        window = charts.pick_window(using, figures["now"], request.GET.get("range"))
+        ready = Job.State.READY
+        current = {
+            "ready": {row["queue"]: row["counts"][figures["states"].index(ready)]
+                      for row in figures["rows"]},
+            "oldest_ready": figures["oldest_ready"],
+        }  # fmt: skip
+        since = figures["now"] - window.length
         context = {
             **self.admin_site.each_context(request),
             "title": "Job queue overview",
             "opts": self.model._meta,
             "stats": figures,
-            "charts": charts.overview_charts(Job.objects.db, figures["now"], span),
-            "range": span,
+            "charts": charts.overview_charts(using, figures["now"], window, current),
+            "window": window,
+            "windows": charts.WINDOWS.values(),
+            "handlers": breakdown.handler_table(using, figures["now"], since),
             "live_every": LIVE_EVERY,
             "links": {
                 "jobs": reverse("admin:django_jobqueue_job_changelist"),
@@ -169,3 +177,21 @@ class QueueOverviewAdmin(JobPagesAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_jobqueue/overview.html", context)
+
+
+def overview_first(site: admin.AdminSite) -> None:
+    """Make the Overview lead the Job queue section of `site`'s index and navigation (the
+    admin sorts a section's pages by name; the rest keep that order)."""
+    listed = site.get_app_list
+
+    def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[Any]:
+        apps = listed(request, app_label)
+        for app in apps:
+            if app.get("app_label") == QueueOverview._meta.app_label:
+                app["models"].sort(key=lambda m: m.get("object_name") != QueueOverview.__name__)
+        return apps
+
+    site.get_app_list = get_app_list  # type: ignore[method-assign]
+
+
+overview_first(admin.site)

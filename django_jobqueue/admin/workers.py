@@ -6,18 +6,27 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from ..dialects.functions import DbNow
-from ..models import Worker
+from ..models import MinuteCount, Worker
 from . import display
 from .base import OwnFiltersAdmin
 
 SHOWN = 5
+LIVE_EVERY = 5  # seconds between two refreshes of the list
+
+
+def _tally(field: str) -> Coalesce:
+    """A worker's `field` summed over its per-minute figures (kept two days)."""
+    rows = MinuteCount.objects.filter(worker=OuterRef("pk")).order_by().values("worker")
+    summed = rows.annotate(n=Sum(field)).values("n")[:1]
+    return Coalesce(Subquery(summed, output_field=IntegerField()), 0)
 
 
 @admin.register(Worker)
@@ -25,7 +34,8 @@ class WorkerAdmin(OwnFiltersAdmin):
     """Worker rows, read-only: each row is kept by its own process's heartbeat."""
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        return super().changelist_view(request, {"title": "Workers", **(extra_context or {})})
+        context = {"title": "Workers", "live_every": LIVE_EVERY, **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     list_display = [
         "id",
@@ -33,12 +43,14 @@ class WorkerAdmin(OwnFiltersAdmin):
         "pid",
         "queue_list",
         "concurrency",
+        "started",
+        "jobs_done",
         "in_flight",
         "heartbeat_age",
         "status",
     ]
     ordering = ["host", "pid"]
-    readonly_fields = ["queue_list", "in_flight_all", "heartbeat_age", "status"]
+    readonly_fields = ["queue_list", "in_flight_all", "heartbeat_age", "status", "jobs_done"]
     fields = [
         "id",
         "host",
@@ -46,6 +58,7 @@ class WorkerAdmin(OwnFiltersAdmin):
         "queue_list",
         "concurrency",
         "started_at",
+        "jobs_done",
         "heartbeat_at",
         "heartbeat_age",
         "expires_at",
@@ -65,7 +78,7 @@ class WorkerAdmin(OwnFiltersAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
         queryset: QuerySet[Worker] = super().get_queryset(request)
-        return queryset.annotate(now=DbNow())
+        return queryset.annotate(now=DbNow(), done=_tally("finished"), failed=_tally("failed"))
 
     @admin.display(description="queues")
     def queue_list(self, worker: Worker) -> str:
@@ -87,6 +100,19 @@ class WorkerAdmin(OwnFiltersAdmin):
         url = reverse("admin:django_jobqueue_livelease_changelist")
         url += "?" + urlencode({"worker": worker.pk})
         return format_html('{}: {} <a href="{}">(leases)</a>', len(ids), links, url)
+
+    @admin.display(description="started")
+    def started(self, worker: Any) -> SafeString:
+        up = display.age(worker.started_at, getattr(worker, "now", None))
+        return format_html(
+            '{}<span class="jq-sub">up {}</span>', display.moment(worker.started_at), up
+        )
+
+    @admin.display(description="jobs done / failed")
+    def jobs_done(self, worker: Any) -> SafeString:
+        failed = getattr(worker, "failed", 0)
+        shown = display.warn(f"{failed:,} failed") if failed else f"{failed:,} failed"
+        return format_html("{} done, {}", f"{getattr(worker, 'done', 0):,}", shown)
 
     @admin.display(description="heartbeat age")
     def heartbeat_age(self, worker: Any) -> str:
