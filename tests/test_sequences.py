@@ -4,6 +4,7 @@ thread). With worker processes: tests/test_sequences_workers.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -199,5 +200,8 @@ def test_stats_show_a_blocked_sequence(tmp_path, capsys):
     jobqueue.enqueue("seq.step", {"n": 2, "marker": str(tmp_path / "m")}, sequence="s")
     run_jobs()
     call_command("jobqueue_stats", "--json")
-    out = capsys.readouterr().out
-    assert '"blocked_sequences"' in out and str(head.pk) in out
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["sequences"] == {"active": 1, "blocked": 1, "blocked_heads": {"s": head.pk}}
+    assert any("sequence(s) blocked" in p for p in figures["problems"])
+    call_command("jobqueue_stats")
+    assert f"Sequences: 1 active, 1 blocked: s at job {head.pk}" in capsys.readouterr().out
