@@ -18,6 +18,7 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.workflows --jobs 10000
     BENCH_DB=$db "$PY" -m bench.claim_cost
     BENCH_DB=$db "$PY" -m bench.limits_claim
+    BENCH_DB=$db "$PY" -m bench.sequences
     BENCH_DB=$db "$PY" -m bench.durable
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 20000 300000
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 150000 --stats fresh stale
