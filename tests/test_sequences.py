@@ -205,3 +205,18 @@ def test_stats_show_a_blocked_sequence(tmp_path, capsys):
     assert any("sequence(s) blocked" in p for p in figures["problems"])
     call_command("jobqueue_stats")
     assert f"Sequences: 1 active, 1 blocked: s at job {head.pk}" in capsys.readouterr().out
+
+
+def test_a_jobs_page_shows_its_sequence_head_and_queue(admin_client, tmp_path):
+    marker = str(tmp_path / "m")
+    head = jobqueue.enqueue(
+        "seq.step", {"n": 1, "marker": marker, "fail_always": True},
+        sequence="account:42", max_attempts=1, sequence_on_failure="block",
+    )  # fmt: skip
+    after = jobqueue.enqueue("seq.step", {"n": 2, "marker": marker}, sequence="account:42")
+    run_jobs()
+    page = admin_client.get(f"/admin/django_jobqueue/job/{after.pk}/change/").content.decode()
+    assert "account:42" in page and "blocked: retry or cancel its head" in page
+    assert f"/django_jobqueue/job/{head.pk}/change/" in page
+    page = admin_client.get(f"/admin/django_jobqueue/job/{head.pk}/change/").content.decode()
+    assert "Cancel (skip it)" in page and f"/django_jobqueue/job/{after.pk}/change/" in page
