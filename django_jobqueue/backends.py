@@ -175,6 +175,8 @@ if HAS_TASKS:
         timeout: float | dt.timedelta | None = None
         parent: Any = None
         uses: Any = None  # {resource: units} of JOBQUEUE["LIMITS"]
+        sequence: str | None = None  # the sequence its jobs join
+        sequence_on_failure: str | None = None  # "continue" or "block"
 
         def using(
             self,
@@ -191,6 +193,8 @@ if HAS_TASKS:
             timeout: float | dt.timedelta | None = None,
             parent: Any = None,
             uses: Any = None,
+            sequence: str | None = None,
+            sequence_on_failure: str | None = None,
         ) -> JobQueueTask:
             """Return a copy with changed defaults (Django's options plus the queue's own)."""
             changes: dict[str, Any] = {
@@ -207,6 +211,8 @@ if HAS_TASKS:
                     "timeout": timeout,
                     "parent": parent,
                     "uses": uses,
+                    "sequence": sequence,
+                    "sequence_on_failure": sequence_on_failure,
                 }.items()
                 if value is not None
             }

@@ -220,3 +220,29 @@ def test_a_jobs_page_shows_its_sequence_head_and_queue(admin_client, tmp_path):
     assert f"/django_jobqueue/job/{head.pk}/change/" in page
     page = admin_client.get(f"/admin/django_jobqueue/job/{head.pk}/change/").content.decode()
     assert "Cancel (skip it)" in page and f"/django_jobqueue/job/{after.pk}/change/" in page
+
+
+def test_a_django_task_joins_a_sequence_through_using():
+    pytest.importorskip("django.tasks")
+    from tests.testapp.tasks import add
+
+    first = add.using(sequence="tasks:1").enqueue(1, 2)
+    second = add.using(sequence="tasks:1", sequence_on_failure="block").enqueue(3, 4)
+    rows = Job.objects.filter(sequence="tasks:1").order_by("pk")
+    assert [(j.state, j.sequence_blocks) for j in rows] == [("ready", False), ("waiting", True)]
+    run_jobs()
+    assert set(rows.values_list("state", flat=True)) == {"done"}
+    assert [int(r.id) for r in (first, second)] == [j.pk for j in rows]
+
+
+def test_a_schedule_takes_a_sequence():
+    from django_jobqueue.schedules import parse
+
+    entry = parse("nightly", {"handler": "test.noop", "every": 60, "sequence": "nightly"})
+    assert entry.job_options(sequences_slot()).sequence == "nightly"
+
+
+def sequences_slot():
+    import datetime as dt
+
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
