@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from .dialects import Dialect
 from .dialects.base import terminal_columns
@@ -118,9 +118,8 @@ def settle_jobs(dialect: Dialect, ids: Iterable[int], *, create: bool = False) -
     keys: set[str] = set()
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
-        keys.update(
-            jobs.filter(pk__in=chunk, sequence__isnull=False).values_list("sequence", flat=True)
-        )
+        found = jobs.filter(pk__in=chunk, sequence__isnull=False).values_list("sequence", flat=True)
+        keys.update(key for key in found if key is not None)
     if keys:
         settle(dialect, keys, create=create)
 
@@ -162,7 +161,7 @@ def released() -> Q:
     return Q(sequence__isnull=True) | Q(Exists(heads))
 
 
-def blocked(using: str) -> Iterable[tuple[str, int]]:
+def blocked(using: str) -> QuerySet[JobSequence, tuple[str, int | None]]:
     """(key, head id) of the blocked sequences: their head is `dead` and blocks them."""
     dead_heads = Job.objects.using(using).filter(
         state=Job.State.DEAD, sequence_blocks=True, pk=OuterRef("head")

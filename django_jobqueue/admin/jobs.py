@@ -340,13 +340,15 @@ class JobAdmin(JobPagesAdmin):
         if job.sequence is None:
             return "-"
         head = JobSequence.objects.filter(key=job.sequence).values_list("head", flat=True).first()
-        heads = Job.objects.filter(pk=head).values_list("pk", "type", "state") if head else []
+        heads = []
+        if head is not None:
+            heads = list(Job.objects.filter(pk=head).values_list("pk", "type", "state"))
         queue = Job.objects.filter(sequence=job.sequence, state__in=Job.UNFINISHED_STATES)
         if head:
             queue = queue.exclude(pk=head)
         rows = list(queue.order_by("pk").values_list("pk", "type", "state")[: SHOWN + 1])
         total = len(rows) if len(rows) <= SHOWN else queue.count()
-        blocked = bool(head) and (
+        blocked = head is not None and (
             Job.objects.filter(pk=head, state=Job.State.DEAD, sequence_blocks=True).exists()
         )
         on_failure = "block" if job.sequence_blocks else "continue"
@@ -357,7 +359,7 @@ class JobAdmin(JobPagesAdmin):
             mark_safe(' <strong class="jq-blocked">blocked: retry or cancel its head</strong>')
             if blocked
             else "",
-            display.job_links(list(heads), len(heads), "") if heads else "none",
+            display.job_links(heads, len(heads), "") if heads else "none",
             display.job_links(rows[:SHOWN], total, "") if rows else "none",
         )
 
