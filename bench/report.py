@@ -98,6 +98,11 @@ def main() -> None:
                 ok = quota["grouped_ratio"] <= 2
                 ms = (quota["grouped_tenants_ms"], quota["grouped_plain_ms"])
                 rows.append(line(what, *ms, "<= 2x", ok))
+        chains = own.get(("sequences", db, ""))
+        if chains:
+            what = f"claim ms, 10,000 sequences holding ready jobs / none ({db})"
+            ok = chains["ratio"] <= 2
+            rows.append(line(what, chains["sequences_ms"], chains["none_ms"], "<= 2x", ok))
         near = own.get(("limits_approach", db, ""))
         if near:
             what = f'starts/s under "10/s" ({db})'

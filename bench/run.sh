@@ -18,6 +18,7 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.workflows --jobs 10000
     BENCH_DB=$db "$PY" -m bench.claim_cost
     BENCH_DB=$db "$PY" -m bench.limits_claim
+    BENCH_DB=$db "$PY" -m bench.sequences
     BENCH_DB=$db "$PY" -m bench.durable
     # The replay's position check: 20-step jobs that suspend and replay, checked / not.
     BENCH_DB=$db "$PY" -m bench.replay_check --jobs 1000 --rounds 2

@@ -184,6 +184,8 @@ if HAS_TASKS:
         # oldest first: a job runs under the version that first ran it (see registry.handler).
         version: str = ""
         older_versions: Mapping[str, Callable[..., Any]] | None = None
+        sequence: str | None = None  # the sequence its jobs join
+        sequence_on_failure: str | None = None  # "continue" or "block"
 
         def using(
             self,
@@ -200,6 +202,8 @@ if HAS_TASKS:
             timeout: float | dt.timedelta | None = None,
             parent: Any = None,
             uses: Any = None,
+            sequence: str | None = None,
+            sequence_on_failure: str | None = None,
         ) -> JobQueueTask:
             """Return a copy with changed defaults (Django's options plus the queue's own)."""
             changes: dict[str, Any] = {
@@ -216,6 +220,8 @@ if HAS_TASKS:
                     "timeout": timeout,
                     "parent": parent,
                     "uses": uses,
+                    "sequence": sequence,
+                    "sequence_on_failure": sequence_on_failure,
                 }.items()
                 if value is not None
             }

@@ -48,6 +48,9 @@ class JobQueueSettings:
     # when a handler gives a connection of Django's pool back: "job" (when the job ends) or
     # "query" (also whenever its last cursor closes outside a transaction); connection_pool.py
     pool_return: str = "job"
+    # what a sequence's job ending `dead` does to the jobs after it (sequences.py): "continue"
+    # (the next one starts) or "block" (none starts until it is retried or cancelled)
+    sequence_on_failure: str = "continue"
     group_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # group -> max running
     queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> max running
     dynamic_limit: Any = None  # callable(group) -> int | None, or its dotted path
@@ -76,6 +79,8 @@ class JobQueueSettings:
         return {s: parse_age(a) for s, a in self.retention.items() if a is not None}
 
 
+# The values of SEQUENCE_ON_FAILURE and of enqueue()'s sequence_on_failure.
+SEQUENCE_ON_FAILURE = ("continue", "block")
 FINAL_STATES = ("done", "cancelled", "dead")  # Job.TERMINAL_STATES (no model import here)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
@@ -247,6 +252,11 @@ def _core(conf: JobQueueSettings) -> Iterator[Problem]:
             yield Problem(
                 name.upper(), f"JOBQUEUE[{name.upper()!r}] must be an integer from 1 to {INT_MAX}."
             )
+    if conf.sequence_on_failure not in SEQUENCE_ON_FAILURE:
+        yield Problem(
+            "SEQUENCE_ON_FAILURE",
+            "JOBQUEUE['SEQUENCE_ON_FAILURE'] must be 'continue' or 'block'.",
+        )
     if conf.pool_return not in ("job", "query"):
         yield Problem("POOL_RETURN", "JOBQUEUE['POOL_RETURN'] must be 'job' or 'query'.")
     if not isinstance(conf.maintenance, bool):

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
-from . import conf, durable, pruning, validation, workflows
+from . import conf, durable, pruning, sequences, validation, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidJobError
@@ -37,8 +37,9 @@ def cancel(job: Job | int) -> bool:
     A waiting or ready job becomes `cancelled` now and so do the jobs downstream of it. A
     leased or running job gets `cancel_requested`: its handler can see that through its
     context, and whatever it returns is discarded and the job ends `cancelled`. Cancelling a
-    container, or a job that spawned children, cancels its unfinished children. Returns False
-    when the job was already final.
+    container, or a job that spawned children, cancels its unfinished children. A `dead` job
+    that blocks its sequence (``sequence_on_failure="block"``) becomes `cancelled`, and the
+    next job of the sequence starts. Returns False when the job was already final otherwise.
     """
     dialect = get_dialect(conf.get().database)
     pk = _pk(job)
@@ -47,12 +48,14 @@ def cancel(job: Job | int) -> bool:
         jobs = Job.objects.using(dialect.using)
         row = (
             dialect.lock_blocking(jobs.filter(pk=pk))
-            .values_list("state", "parent_id", "is_container", "has_children")
+            .values_list("state", "parent_id", "is_container", "has_children", "sequence")
             .first()
         )
         if row is None:
             raise InvalidJobError(f"Job {pk} does not exist.")
-        state, parent_id, is_container, has_children = row
+        state, parent_id, is_container, has_children, sequence = row
+        if state == Job.State.DEAD and sequence is not None:
+            return sequences.skip_blocked_head(dialect, pk, sequence)
         if state in Job.TERMINAL_STATES:
             return False
         if state in Job.LEASED_STATES:
@@ -186,6 +189,8 @@ def retry(
                 f"Job {pk} cannot run again: a job it would revive has a unique key that "
                 "another unfinished job holds now."
             ) from None
+        if row.sequence is not None and sequences.rejoin(dialect, pk, row.sequence):
+            waiting = True  # an earlier job of its sequence is unfinished: it waits its turn
         if not waiting:
             workflows.notify_on_commit(dialect, row.queue)
         row.refresh_from_db(using=dialect.using)

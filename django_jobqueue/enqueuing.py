@@ -14,7 +14,7 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from . import conf, limits, registry, signals, validation, wake, workflows
+from . import conf, limits, registry, sequences, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
@@ -42,6 +42,8 @@ def enqueue(
     timeout: float | dt.timedelta | None = None,
     unique_key: str | None = None,
     uses: Mapping[str, int] | None = None,
+    sequence: str | None = None,
+    sequence_on_failure: str | None = None,
 ) -> Job:
     """Create a job for handler `type`, runnable once every job in `depends_on` is done.
 
@@ -70,11 +72,18 @@ def enqueue(
         uses: The resources of ``JOBQUEUE["LIMITS"]`` it uses, with their units
             (``{"openai": 1, "tenant:42": 1}``); ``None`` means its handler's default. It
             starts only when each has room.
+        sequence: The sequence it joins (``"account:42"``, up to 255 characters): the jobs
+            of one sequence start one at a time, in the order they were enqueued, each once
+            the one before it is final.
+        sequence_on_failure: ``"continue"`` (the next job of its sequence starts when this
+            one ends `dead`) or ``"block"`` (none does until it is retried or cancelled);
+            ``None`` means ``JOBQUEUE["SEQUENCE_ON_FAILURE"]``.
 
     Returns:
         The new job: ``ready``; ``scheduled`` until a future `run_after`; ``waiting`` while an
-        upstream job is not done; ``cancelled`` when one is already dead or cancelled. Or the
-        unfinished job that holds `unique_key`.
+        upstream job is not done, or an earlier job of its sequence is not final;
+        ``cancelled`` when an upstream job is already dead or cancelled. Or the unfinished
+        job that holds `unique_key` (which keeps its own place, in its own sequence).
 
     Raises:
         InvalidJobError: Bad input (a ``ValueError`` too); its subclasses
@@ -100,6 +109,8 @@ async def aenqueue(
     timeout: float | dt.timedelta | None = None,
     unique_key: str | None = None,
     uses: Mapping[str, int] | None = None,
+    sequence: str | None = None,
+    sequence_on_failure: str | None = None,
 ) -> Job:
     """The async twin of `enqueue()`: the same arguments, checks, errors and result.
 
@@ -278,7 +289,7 @@ def _write(
     runnable = runnable_state(delay)
     if isinstance(delay, dt.timedelta):
         job.run_after = DbNow() + delay
-    if not upstream_ids and parent_id is None and job.unique_key is None:
+    if not upstream_ids and parent_id is None and job.unique_key is None and job.sequence is None:
         job.state = runnable
         if connections[using].in_atomic_block:
             # Every check ran before, but a database can still refuse a row (a server limit
@@ -297,13 +308,18 @@ def _write(
             job._state.adding = True
             states = _check_refs(using, upstream_ids, parent_id, lock=True, spawning=spawning)
             waiting = any(s != Job.State.DONE for s in states.values())
-            job.state = Job.State.WAITING if waiting else runnable
+            # Its sequence's row is locked before the INSERT: ids rise in enqueue order.
+            head = job.sequence is not None and sequences.join(get_dialect(using), job.sequence)
+            held = job.sequence is not None and not head
+            job.state = Job.State.WAITING if waiting or held else runnable
             if job.unique_key is not None:
                 existing = _insert_unique(job, using)
                 if existing is not None:
                     return existing
             else:
                 job.save(using=using, force_insert=True)
+            if head:
+                sequences.make_head(get_dialect(using), str(job.sequence), job.pk)
             JobDependency.objects.using(using).bulk_create(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )

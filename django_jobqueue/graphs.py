@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf, registry, signals, validation, wake, workflows
+from . import conf, registry, sequences, signals, validation, wake, workflows
 from .dialects import get_dialect
 from .enqueuing import (
     CANCEL_FIELDS,
@@ -73,8 +73,13 @@ class Graph:
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
         uses: Mapping[str, int] | None = None,
+        sequence: str | None = None,
+        sequence_on_failure: str | None = None,
     ) -> Job:
-        """Add a job; see `enqueue` for the arguments (run_after takes a datetime here)."""
+        """Add a job; see `enqueue` for the arguments (run_after takes a datetime here).
+
+        The graph's jobs join their sequences in the order they were added.
+        """
         if isinstance(run_after, dt.timedelta):
             raise InvalidJobError(
                 "Graph.add() takes run_after as a datetime: the jobs of a graph are written "
@@ -132,6 +137,7 @@ class Graph:
             for parent_id in external_parents:
                 _check_refs(using, [], parent_id, lock=True)
             self._check_acyclic(using, external_up, external_parents)
+            heads = self._join_sequences(using)
             levels: dict[int, list[_Node]] = {}
             depth: dict[int, int] = {}
             upstream_of_others = {id(r) for n in self._nodes for r in n.upstream if self._is_new(r)}
@@ -155,12 +161,13 @@ class Graph:
                         for r in node.upstream
                         if not self._is_new(r)
                     )
+                    held = job.sequence is not None and id(job) not in heads
                     job.state = (
                         Job.State.WAITING
-                        if blocked or job.is_container
+                        if blocked or held or job.is_container
                         else runnable_state(job.run_after)
                     )
-                    job.has_dependents = id(job) in upstream_of_others
+                    job.has_dependents = id(job) in upstream_of_others or held or id(job) in heads
                     job.open_children = children.get(id(job), 0)
                 _bulk_insert(using, [n.job for n in batch])
             JobDependency.objects.using(using).bulk_create(
@@ -171,6 +178,8 @@ class Graph:
                 ],
                 batch_size=1000,
             )
+            for job in heads.values():
+                sequences.make_head(get_dialect(using), str(job.sequence), int(job.pk))
             mark_dependents(using, external_up)
             if any(s in Job.FAILED_STATES for s in states.values()):
                 # Jobs downstream of an existing dead or cancelled job would wait forever:
@@ -206,6 +215,19 @@ class Graph:
         get_dialect(using).run_in_caller_transaction(txn)
         self.saved = True
         return [n.job for n in self._nodes]
+
+    def _join_sequences(self, using: str) -> dict[int, Job]:
+        """Lock the sequences of the graph's jobs (in key order); return {id(job): job} of
+        the jobs to be their heads: the first added of each sequence that has none."""
+        keys = sorted({n.job.sequence for n in self._nodes if n.job.sequence is not None})
+        dialect = get_dialect(using)
+        free = {key for key in keys if sequences.join(dialect, key)}
+        heads: dict[int, Job] = {}
+        for node in self._nodes:
+            if node.job.sequence in free:
+                free.discard(node.job.sequence)
+                heads[id(node.job)] = node.job
+        return heads
 
     def _check_acyclic(
         self, using: str, external_up: list[int], external_parents: list[int]

@@ -149,6 +149,14 @@ class Job(models.Model):
         db_index=False,  # jobqueue_job_cancelled_by below, over the rows that have one
     )
     unique_key = KeyField(_("unique key"), max_length=255, null=True, blank=True)
+    # The sequence it belongs to (sequences.py): its jobs start one at a time, in enqueue order.
+    sequence = KeyField(_("sequence"), max_length=255, null=True, blank=True)
+    # Whether its ending `dead` stops its sequence until it is retried or cancelled ("block"),
+    # rather than letting the next job start ("continue"). A default in the database too: the
+    # processes of the release before insert jobs without it.
+    sequence_blocks = models.BooleanField(
+        _("blocks its sequence when dead"), default=False, db_default=False
+    )
     # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
     # NULLs never collide, so a key is held by at most one unfinished job on every database.
     unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
@@ -212,6 +220,13 @@ class Job(models.Model):
                 fields=["cancelled_by"],
                 where=Q(cancelled_by__isnull=False),
                 name="jobqueue_job_cancelled_by",
+            ),
+            # The jobs of one sequence in enqueue order, over the rows that have one: the next
+            # job to release, and the admin's queue of a sequence.
+            PartialIndex(
+                fields=["sequence", "id"],
+                where=Q(sequence__isnull=False),
+                name="jobqueue_job_sequence",
             ),
         ]
         constraints = [
@@ -309,6 +324,29 @@ class JobDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} -> {self.depends_on_id}"
+
+
+class JobSequence(models.Model):
+    """A sequence with unfinished jobs: `head` is the one job of it released to run.
+
+    Enqueuing into a sequence and releasing its next job both lock this row, so jobs join a
+    sequence one at a time (their ids then rise in enqueue order) and exactly one is released.
+    The row goes when the sequence has no unfinished job left; the next enqueue makes it again.
+    """
+
+    key = KeyField(_("sequence"), max_length=255, primary_key=True)
+    # The id of the job that holds the sequence (not a foreign key: pruning deletes jobs in
+    # bulk, and a head that is gone simply lets the next job go).
+    head = models.BigIntegerField(_("head job"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("sequence")
+        verbose_name_plural = _("sequences")
+
+    def __str__(self) -> str:
+        return str(self.key)
 
 
 class Worker(models.Model):

@@ -13,12 +13,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import conf, limits, validation
+from .exceptions import InvalidJobError
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobOptions:
-    """How a job runs: its group, weight, priority, queue, time, attempts, timeout, key and
-    the resources it uses."""
+    """How a job runs: its group, weight, priority, queue, time, attempts, timeout, key, the
+    resources it uses and the sequence it belongs to."""
 
     group: str = ""
     weight: int = 1
@@ -29,6 +30,8 @@ class JobOptions:
     timeout: float | dt.timedelta | None = None
     unique_key: str | None = None
     uses: Mapping[str, int] | None = None
+    sequence: str | None = None
+    sequence_on_failure: str | None = None
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -43,6 +46,29 @@ class JobOptions:
     def as_kwargs(self) -> dict[str, Any]:
         """Return the options as enqueue() keyword arguments."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def sequence_fields(self, settings: conf.JobQueueSettings) -> dict[str, Any]:
+        """Check `sequence` and `sequence_on_failure`; return their Job field values.
+
+        A sequenced job is marked as having dependents: its end has its sequence to move, so
+        it takes the finish's full transaction (see `records.in_graph`).
+        """
+        on_failure = validation.check_choice(
+            "sequence_on_failure",
+            settings.sequence_on_failure
+            if self.sequence_on_failure is None
+            else self.sequence_on_failure,
+            conf.SEQUENCE_ON_FAILURE,
+        )
+        if self.sequence is None:
+            if self.sequence_on_failure is not None:
+                raise InvalidJobError("sequence_on_failure is given without a sequence.")
+            return {}
+        return {
+            "sequence": validation.check_label("sequence", self.sequence, 255),
+            "sequence_blocks": on_failure == "block",
+            "has_dependents": True,
+        }
 
     def job_fields(
         self,
@@ -74,5 +100,6 @@ class JobOptions:
             if self.unique_key is None
             else validation.check_label("unique_key", self.unique_key, 255),
             "uses": limits.check_uses(self.uses, limits.configured(settings), in_force),
+            **self.sequence_fields(settings),
         }
         return fields, validation.check_run_after(self.run_after)

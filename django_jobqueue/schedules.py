@@ -30,6 +30,8 @@ KEYS = {"handler", "task", "cron", "every", "timezone", "args", "queue", "group"
     "catch_up",
     "grace",
     "uses",
+    "sequence",
+    "sequence_on_failure",
 }
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MAX_EVERY = 366 * 86_400  # seconds: slots further apart are cron's job
@@ -59,6 +61,8 @@ class Schedule:
     catch_up: str = DEFAULT_CATCH_UP
     grace: float = DEFAULT_GRACE
     uses: dict[str, int] | None = None  # the resources of JOBQUEUE["LIMITS"] its jobs use
+    sequence: str | None = None  # the sequence its jobs join (one slot's job at a time)
+    sequence_on_failure: str | None = None
 
     def next_after(self, moment: dt.datetime) -> dt.datetime:
         """Return the first slot strictly after `moment` (UTC)."""
@@ -105,6 +109,8 @@ class Schedule:
             priority=self.priority,
             unique_key=self.unique_key(slot),
             uses=self.uses,
+            sequence=self.sequence,
+            sequence_on_failure=self.sequence_on_failure,
         )
 
     def decide(self, last: dt.datetime, now: dt.datetime) -> tuple[dt.datetime | None, bool]:
@@ -187,13 +193,18 @@ def parse(name: Any, raw: Any, settings: conf.JobQueueSettings | None = None) ->
         args = validation.check_args(handler, raw.get("args", {}), settings.max_args_bytes)
         queue, group, priority = raw.get("queue"), raw.get("group", ""), raw.get("priority", 0)
         uses = raw.get("uses")
-        JobOptions(queue=queue, group=group, priority=priority, uses=uses).job_fields(settings)
+        sequence, on_failure = raw.get("sequence"), raw.get("sequence_on_failure")
+        JobOptions(
+            queue=queue, group=group, priority=priority, uses=uses, sequence=sequence,
+            sequence_on_failure=on_failure,
+        ).job_fields(settings)  # fmt: skip
     except InvalidJobError as exc:
         raise bad(str(exc)) from None
     return Schedule(
         name=name, handler=handler, task=task, cron=cron, every=every, timezone=tz, args=args,
         queue=queue, group=group, priority=priority, catch_up=catch_up, grace=float(grace),
         uses=None if uses is None else dict(uses),  # {}: none, as for enqueue()
+        sequence=sequence, sequence_on_failure=on_failure,
     )  # fmt: skip
 
 
@@ -261,6 +272,8 @@ def schedule(
     catch_up: str | None = None,
     grace: float | None = None,
     uses: dict[str, int] | None = None,
+    sequence: str | None = None,
+    sequence_on_failure: str | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated handler (or django.tasks task) on a schedule named `name`.
 
@@ -272,7 +285,7 @@ def schedule(
     options = {
         "cron": cron, "every": every, "timezone": timezone, "args": args, "queue": queue,
         "group": group, "priority": priority, "catch_up": catch_up, "grace": grace,
-        "uses": uses,
+        "uses": uses, "sequence": sequence, "sequence_on_failure": sequence_on_failure,
     }  # fmt: skip
 
     def decorator(func: F) -> F:

@@ -16,10 +16,10 @@ from typing import Any
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from . import containers, registry, versions
+from . import containers, registry, sequences, versions
 from .dialects import Dialect
 from .dialects.base import seconds
-from .models import Job, Limit, Worker
+from .models import Job, JobSequence, Limit, Worker
 
 DEFAULT_MINUTES = 5  # throughput window
 DEFAULT_MAX_AGE = 600.0  # seconds the oldest ready job may wait before --check fails
@@ -109,6 +109,13 @@ def collect(
         "idle_ids": idle_ids,
     }
 
+    blocked = list(sequences.blocked(using)[: SHOWN_IDS + 1])
+    sequence_figures = {
+        "active": JobSequence.objects.using(using).filter(head__isnull=False).count(),
+        "blocked": len(blocked) if len(blocked) <= SHOWN_IDS else sequences.blocked(using).count(),
+        "blocked_heads": dict(blocked[:SHOWN_IDS]),
+    }
+
     workers = list(
         Worker.objects.using(using).values_list(
             "queues", "expires_at", "handlers", "handler_versions"
@@ -161,6 +168,8 @@ def collect(
         "workers": {"live": len(live), "stale": len(workers) - len(live)},
         "unserved_queues": unserved,
         "open_containers": open_containers,
+        # Sequences with a job released; the blocked ones, by key with the id of their head.
+        "sequences": sequence_figures,
         "unknown_handlers": unknown,
         # {type: {version: n}}: started jobs of known types whose version no live worker has.
         "unserved_versions": unserved_versions,
@@ -239,5 +248,14 @@ def problems(stats: dict[str, Any], thresholds: Thresholds) -> list[str]:
         found.append(
             f"{idle} open container(s) not sealed and idle for more than "
             f"{thresholds.max_open_idle:g}s (a producer may have died inside container()): {ids}"
+        )
+    blocked = stats["sequences"]["blocked"]
+    if blocked:
+        heads = ", ".join(
+            f"{key} (job {pk})" for key, pk in stats["sequences"]["blocked_heads"].items()
+        )
+        found.append(
+            f"{blocked} sequence(s) blocked by a dead job at their head (retry or cancel it): "
+            f"{heads}"
         )
     return found

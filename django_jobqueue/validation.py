@@ -253,6 +253,14 @@ def check_label(
     return cast(str, value)  # a str, or name_problem had said so
 
 
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """Return `value` if it is one of `choices`; else raise InvalidJobError naming it."""
+    if not isinstance(value, str) or value not in choices:
+        listed = " or ".join(repr(c) for c in choices)
+        raise InvalidJobError(f"{name} must be {listed}, not {value!r}.")
+    return value
+
+
 def check_run_after(value: Any) -> dt.datetime | dt.timedelta | None:
     """Return `value` if it is None, a timedelta within DELAY_MAX, or an aware datetime in range."""
     if value is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import wake
+from . import sequences, wake
 from .dialects import Dialect
 from .dialects.base import terminal_columns
 from .dialects.functions import DbNow
@@ -69,6 +69,10 @@ def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
     parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
     for parent_id in sorted(parents):
         roll_up(dialect, parent_id, finished=parents[parent_id])
+    # A sequenced job is marked as having dependents: only those can move a sequence on.
+    moving = [f.job_id for f in finished if f.has_dependents]
+    if moving:
+        sequences.settle_jobs(dialect, moving)
 
 
 def promote_downstream(dialect: Dialect, upstream_ids: int | list[int]) -> None:
@@ -183,6 +187,7 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         parents = Counter(p for _, p in rows if p is not None)
         for parent_id in sorted(parents):
             roll_up(dialect, parent_id, finished=parents[parent_id])
+        sequences.settle_jobs(dialect, ids)
         frontier = ids
 
 
@@ -205,6 +210,9 @@ def cancel_children(dialect: Dialect, container_id: int) -> None:
         if is_container or has_children:
             cancel_children(dialect, pk)
         cancel_downstream(dialect, pk, Job.State.CANCELLED)
+    sequences.settle_jobs(
+        dialect, [pk for pk, state, _, _ in children if state not in Job.LEASED_STATES]
+    )
 
 
 def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished]:
@@ -377,6 +385,8 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
     recancelled = cancel_blocked(dialect, ids)
     # An upstream may have become done since the job was cancelled: nothing would promote it.
     promote(dialect, [pk for pk in ids if pk not in recancelled])
+    # A revived job of a sequence takes its turn again (a sequence left empty is made anew).
+    sequences.settle_jobs(dialect, [pk for pk in ids if pk not in recancelled], create=True)
     for parent_id in sorted({p for pk, p in rows if p is not None and pk not in recancelled}):
         reopen_containers(dialect, parent_id)
     return ids
@@ -442,6 +452,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
         )
         for parent_id in sorted(parents):
             roll_up(dialect, parent_id, finished=parents[parent_id])
+        sequences.settle_jobs(dialect, blocked)
         cancelled |= blocked.keys()
         pending -= blocked.keys()
     return cancelled

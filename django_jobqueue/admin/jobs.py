@@ -15,9 +15,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .. import conf, containers, control
+from .. import conf, containers, control, sequences
 from ..exceptions import JobQueueError
-from ..models import Job, JobDependency, JobStep, Worker
+from ..models import Job, JobDependency, JobSequence, JobStep, Worker
 from . import display, durable, filters, graph, rollup, timeline
 from .actions import (
     cancel_jobs,
@@ -89,6 +89,7 @@ class JobAdmin(JobPagesAdmin):
         "job_progress",
         "job_steps",
         "waits_for",
+        "sequence_place",
         "created_time",
         "updated_time",
         "started_time",
@@ -122,6 +123,7 @@ class JobAdmin(JobPagesAdmin):
                     "downstream",
                     "cancellation",
                     "unique_key",
+                    "sequence_place",
                 ]
             },
         ),
@@ -336,6 +338,34 @@ class JobAdmin(JobPagesAdmin):
         jobs = Job.objects.filter(upstream_edges__depends_on_id=job.pk)
         return self._links(jobs, {"downstream_of": job.pk})
 
+    @admin.display(description="sequence")
+    def sequence_place(self, job: Job) -> SafeString | str:
+        if job.sequence is None:
+            return "-"
+        head = JobSequence.objects.filter(key=job.sequence).values_list("head", flat=True).first()
+        heads = []
+        if head is not None:
+            heads = list(Job.objects.filter(pk=head).values_list("pk", "type", "state"))
+        queue = Job.objects.filter(sequence=job.sequence, state__in=Job.UNFINISHED_STATES)
+        if head:
+            queue = queue.exclude(pk=head)
+        rows = list(queue.order_by("pk").values_list("pk", "type", "state")[: SHOWN + 1])
+        total = len(rows) if len(rows) <= SHOWN else queue.count()
+        blocked = head is not None and (
+            Job.objects.filter(pk=head, state=Job.State.DEAD, sequence_blocks=True).exists()
+        )
+        on_failure = "block" if job.sequence_blocks else "continue"
+        return format_html(
+            "{} (on failure: {}){}<br>head: {}<br>then: {}",
+            job.sequence,
+            on_failure,
+            mark_safe(' <strong class="jq-blocked">blocked: retry or cancel its head</strong>')
+            if blocked
+            else "",
+            display.job_links(heads, len(heads), "") if heads else "none",
+            display.job_links(rows[:SHOWN], total, "") if rows else "none",
+        )
+
     def _links(self, jobs: QuerySet[Job], lookup: dict[str, Any]) -> SafeString | str:
         rows = list(jobs.order_by("pk").values_list("pk", "type", "state")[: SHOWN + 1])
         total = len(rows) if len(rows) <= SHOWN else jobs.count()
@@ -429,6 +459,9 @@ def job_actions(job: Job, can_change: bool) -> list[tuple[str, str]]:
     if not can_change:
         return []
     if job.state in Job.FAILED_STATES and not job.is_container:
+        if sequences.is_blocked_head(conf.get().database, job):
+            # The operator's two ways to unblock its sequence (see sequences.py).
+            return [("retry_jobs", "Retry"), ("cancel_jobs", "Cancel (skip it)")]
         if failed_upstream(job) is not None:  # retry() would refuse: retry that one
             return []
         if key_holder(job) is not None:  # retry() would refuse: its key is taken

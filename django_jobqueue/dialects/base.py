@@ -27,10 +27,12 @@ from django.db.models import (
     Case,
     Count,
     DateTimeField,
+    Exists,
     Expression,
     F,
     Field,
     JSONField,
+    OuterRef,
     Q,
     QuerySet,
     TextField,
@@ -47,6 +49,7 @@ from ..models import (
     Job,
     JobDependency,
     JobQuerySet,
+    JobSequence,
     JobStep,
     JobWait,
     Limit,
@@ -855,6 +858,11 @@ class Dialect:
             return set()
         jobs = Job.objects.using(self.using)
         chosen = jobs.filter(pk__in=self.id_set(runnable), state=Job.State.WAITING)
+        # A sequenced job goes only as its sequence's head (sequences.py): the others wait.
+        heads = JobSequence.objects.using(self.using).filter(
+            key=OuterRef("sequence"), head=OuterRef("pk")
+        )
+        chosen = chosen.filter(Q(sequence__isnull=True) | Q(Exists(heads)))
         queues = set(chosen.order_by().values_list("queue", flat=True).distinct())
         later = Case(
             When(run_after__gt=DbNow(), then=Value(Job.State.SCHEDULED)),

@@ -14,7 +14,7 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
-from ..models import Job, JobDependency, JobQuerySet, JobStep, JobWait
+from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
 from ..records import Finished, FinishReport
 from .base import Dialect, seconds, statement_bound
 from .functions import DbNow
@@ -393,12 +393,17 @@ class PostgreSQLDialect(Dialect):
         job = self.qn(Job._meta.db_table)
         edge = self.qn(JobDependency._meta.db_table)
         wait = self.qn(JobWait._meta.db_table)
+        # A sequenced job goes only as its sequence's head (sequences.py): the others wait.
+        seq = self.qn(JobSequence._meta.db_table)
         now, _ = self.compile(DbNow())
         sql = f"""
             UPDATE {job} AS j
             SET state = CASE WHEN j.run_after > {now} THEN 'scheduled' ELSE 'ready' END,
                 updated_at = {now}
             WHERE j.id = ANY(%s::bigint[]) AND j.state = 'waiting'
+              AND (j.sequence IS NULL OR EXISTS (
+                SELECT 1 FROM {seq} AS s WHERE s.{self.qn("key")} = j.sequence AND s.head = j.id
+              ))
               AND NOT EXISTS (
                 SELECT 1 FROM {edge} AS e JOIN {job} AS u ON u.id = e.depends_on_id
                 WHERE e.job_id = j.id AND u.state <> 'done'

@@ -147,6 +147,16 @@ def render(figures: dict[str, Any]) -> list[str]:
             f"{opened['oldest_age']:.0f}s ago), {opened['idle']} idle past the threshold"
             + (": " + ", ".join(str(pk) for pk in opened["idle_ids"]) if opened["idle"] else "")
         )
+    chains = figures["sequences"]
+    if chains["active"]:
+        lines.append(
+            f"Sequences: {chains['active']} active, {chains['blocked']} blocked"
+            + (
+                ": " + ", ".join(f"{k} at job {pk}" for k, pk in chains["blocked_heads"].items())
+                if chains["blocked"]
+                else ""
+            )
+        )
     if figures["closed_resources"]:
         lines.append(
             "Closed by RateLimited: "

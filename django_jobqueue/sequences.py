@@ -1,0 +1,184 @@
+"""Sequences: the jobs of one key start one at a time, in the order they were enqueued.
+
+A sequence's row (`JobSequence`) names its head: the one job of it released to run. Every other
+unfinished job of the sequence is held `waiting`, and nothing releases it (`Dialect.promote`
+skips a sequenced job that is not its sequence's head), until the head is final: then, in the
+transaction that made it final, the next one (the lowest id, which is the enqueue order: ids
+are drawn under the sequence's lock) becomes the head and runnable. The claim never looks at
+sequences. A retry, a durable sleep or a wait leaves the head unfinished, so it keeps its
+place; so does a lease reclaimed from a dead worker.
+
+A head that ends `dead` with `sequence_on_failure="block"` stays the head: the sequence is
+blocked until that job is retried (it runs again, still the head) or cancelled (the next job
+goes). A cancelled job never blocks: cancelling is how a job is taken out of its sequence.
+
+Lock order: job rows, then the sequence's row, then the next job's row (a finish holds the
+finished job's row when it moves its sequence on; enqueue locks upstream rows first too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from .dialects import Dialect
+from .dialects.base import terminal_columns
+from .models import Job, JobSequence
+
+# The sequences one call of `settle` moves at most per statement of ids.
+_CHUNK = 500
+
+
+def lock(dialect: Dialect, key: str, *, create: bool) -> JobSequence | None:
+    """Lock the row of sequence `key` until the transaction ends; make it first if `create`.
+
+    A concurrent insert of the same key waits for ours (or we for it) and then does nothing;
+    a row deleted meanwhile (its sequence ran empty) is made again.
+    """
+    rows = JobSequence.objects.using(dialect.using)
+    for _ in range(5):
+        row = dialect.lock_blocking(rows.filter(key=key)).first()
+        if row is not None or not create:
+            return row
+        rows.bulk_create([JobSequence(key=key)], ignore_conflicts=True)
+    raise RuntimeError(f"could not make or lock the row of sequence {key!r}")
+
+
+def _settle_locked(dialect: Dialect, row: JobSequence, *, keep_empty: bool) -> int | None:
+    """Make sure the locked sequence `row` has its head; return the head's id, or None.
+
+    The head stays while it is unfinished, or `dead` and blocking. Otherwise the lowest
+    unfinished job of the sequence becomes the head and is released (promoted, if nothing
+    else holds it); none left, the row is deleted (kept when `keep_empty`: a job is joining).
+    """
+    jobs = Job.objects.using(dialect.using)
+    if row.head is not None:
+        found = jobs.filter(pk=row.head).values_list("state", "sequence_blocks").first()
+        if found is not None:
+            state, blocks = found
+            if state in Job.UNFINISHED_STATES or (state == Job.State.DEAD and blocks):
+                return row.head
+    following = (
+        jobs.filter(sequence=row.key, state__in=Job.UNFINISHED_STATES)
+        .order_by("pk")
+        .values_list("pk", "state")
+        .first()
+    )
+    rows = JobSequence.objects.using(dialect.using).filter(key=row.key)
+    if following is None:
+        if keep_empty:
+            if row.head is not None:
+                rows.update(head=None)
+        else:
+            rows.delete()
+        row.head = None
+        return None
+    row.head = following[0]
+    rows.update(head=row.head)
+    if following[1] == Job.State.WAITING:
+        from . import workflows  # workflows reacts to jobs ending through this module
+
+        workflows.promote(dialect, [row.head])
+    return row.head
+
+
+def join(dialect: Dialect, key: str) -> bool:
+    """Lock sequence `key` for a job about to join it; return whether it is to be the head.
+
+    Call `make_head` once it is inserted when so; otherwise insert it `waiting` (held).
+    """
+    row = lock(dialect, key, create=True)
+    assert row is not None
+    return _settle_locked(dialect, row, keep_empty=True) is None
+
+
+def make_head(dialect: Dialect, key: str, job_id: int) -> None:
+    """Record job `job_id` (inserted after `join` said so) as the head of sequence `key`."""
+    JobSequence.objects.using(dialect.using).filter(key=key).update(head=job_id)
+
+
+def settle(dialect: Dialect, keys: Iterable[str], *, create: bool = False) -> None:
+    """Move sequences `keys` on where their head is final (see `_settle_locked`).
+
+    Called in the transaction that made jobs of them final (or unfinished again: `create`
+    makes the row of a sequence that had run empty); the rows are locked in key order, so
+    transactions settling several take them in one order.
+    """
+    for key in sorted(set(keys)):
+        row = lock(dialect, key, create=create)
+        if row is not None:
+            _settle_locked(dialect, row, keep_empty=False)
+
+
+def settle_jobs(dialect: Dialect, ids: Iterable[int], *, create: bool = False) -> None:
+    """Move on the sequences of the jobs `ids` (just made final, or unfinished again)."""
+    ids = sorted(set(ids))
+    jobs = Job.objects.using(dialect.using)
+    keys: set[str] = set()
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        found = jobs.filter(pk__in=chunk, sequence__isnull=False).values_list("sequence", flat=True)
+        keys.update(key for key in found if key is not None)
+    if keys:
+        settle(dialect, keys, create=create)
+
+
+def rejoin(dialect: Dialect, job_id: int, key: str) -> bool:
+    """Place job `job_id` of sequence `key`, runnable again (retried), in its sequence.
+
+    It runs now if it is the head (a blocked sequence's dead head, retried) or the sequence
+    has none; else it waits, held, for its turn: the next after the head. Returns whether it
+    is held.
+    """
+    row = lock(dialect, key, create=True)
+    assert row is not None
+    head = _settle_locked(dialect, row, keep_empty=False)
+    if head is None or head == job_id:
+        return False
+    Job.objects.using(dialect.using).filter(pk=job_id).update(state=Job.State.WAITING)
+    return True
+
+
+def skip_blocked_head(dialect: Dialect, job_id: int, key: str) -> bool:
+    """Cancel the dead job `job_id` (locked) if it blocks sequence `key`, letting the next job
+    of the sequence start; return whether it did."""
+    row = lock(dialect, key, create=False)
+    jobs = Job.objects.using(dialect.using)
+    if row is None or row.head != job_id:
+        return False
+    if not jobs.filter(pk=job_id, state=Job.State.DEAD, sequence_blocks=True).update(
+        **terminal_columns(Job.State.CANCELLED)
+    ):
+        return False
+    _settle_locked(dialect, row, keep_empty=False)
+    return True
+
+
+def released() -> Q:
+    """Jobs that no sequence holds back: without one, or their sequence's head."""
+    heads = JobSequence.objects.filter(key=OuterRef("sequence"), head=OuterRef("pk"))
+    return Q(sequence__isnull=True) | Q(Exists(heads))
+
+
+def blocked(using: str) -> QuerySet[JobSequence, tuple[str, int | None]]:
+    """(key, head id) of the blocked sequences: their head is `dead` and blocks them."""
+    dead_heads = Job.objects.using(using).filter(
+        state=Job.State.DEAD, sequence_blocks=True, pk=OuterRef("head")
+    )
+    return (
+        JobSequence.objects.using(using)
+        .filter(Exists(dead_heads))
+        .order_by("key")
+        .values_list("key", "head")
+    )
+
+
+def is_blocked_head(using: str, job: Job) -> bool:
+    """Whether `job` is the dead head that blocks its sequence."""
+    return (
+        job.sequence is not None
+        and job.state == Job.State.DEAD
+        and job.sequence_blocks
+        and JobSequence.objects.using(using).filter(key=job.sequence, head=job.pk).exists()
+    )
