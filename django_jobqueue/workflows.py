@@ -66,9 +66,12 @@ def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
         cancel_downstream(dialect, f.job_id, f.state)
     if failed:  # jobs that wait for them to be final, whatever their state (ctx.wait_for)
         promote_downstream(dialect, [f.job_id for f in failed])
-    parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
+    parents: dict[int, list[int]] = {}
+    for f in finished:
+        if f.parent_id is not None:
+            parents.setdefault(f.parent_id, []).append(f.job_id)
     for parent_id in sorted(parents):
-        roll_up(dialect, parent_id, finished=parents[parent_id])
+        roll_up(dialect, parent_id, finished=len(parents[parent_id]), ids=parents[parent_id])
 
 
 def promote_downstream(dialect: Dialect, upstream_ids: int | list[int]) -> None:
@@ -266,6 +269,11 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
         for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@wait"):
             for pk in (seen.result or {}).get("ids", ()):
                 failed.pop(int(pk), None)
+        for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@map"):
+            span = seen.result or {}
+            if "first" in span:  # ctx.map: the handler met their failures (UpstreamFailed)
+                failed = {pk: s for pk, s in failed.items()
+                          if not span["first"] <= pk <= span["last"]}  # fmt: skip
     if not failed:
         return str(Job.State.DONE), {}
     first_id, first_state = next(iter(failed.items()))
@@ -273,7 +281,9 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
     return str(Job.State.DEAD), {"last_error": error}
 
 
-def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
+def roll_up(
+    dialect: Dialect, container_id: int, *, finished: int = 1, ids: list[int] | None = None
+) -> None:
     """Count `finished` children of a container as final; finish it when none is left open.
 
     `open_children` counts a sealed container's unfinished children (set when it is sealed,
@@ -282,15 +292,21 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     states; an open (unsealed) container is left alone without being locked: sealing counts
     its children (see `containers.seal` for why that is safe). A job that spawned children is
     a container once its handler has returned (sealed by `seal_spawner`); while it runs it
-    is an open one.
+    is an open one, whose children `ids` count down its maps (`maps.count_down`).
     """
     jobs = Job.objects.using(dialect.using)
     # Look before locking: a producer adding a child with depends_on holds the open
     # container's lock while it locks the upstream rows, so a worker finishing one of those
     # (or rolling up a container inside the open one) that then waited for the open container
     # would deadlock with it. An open container cannot roll up, so it needs no lock here.
-    peek = jobs.filter(pk=container_id).values_list("sealed", "state").first()
-    if peek is None or not peek[0] or peek[1] in Job.TERMINAL_STATES:
+    peek = jobs.filter(pk=container_id).values_list("sealed", "state", "is_container").first()
+    if peek is None or peek[1] in Job.TERMINAL_STATES:
+        return
+    if not peek[0]:
+        if ids and not peek[2]:  # a job that spawned them, still unfinished: maybe a map's
+            from . import maps
+
+            maps.count_down(dialect, container_id, ids)
         return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
@@ -385,9 +401,17 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
 def reopen_counts(dialect: Dialect, container_id: int) -> None:
     """Recount the open children of a sealed, unfinished container (children were revived)."""
     jobs = Job.objects.using(dialect.using)
-    row = dialect.lock_blocking(jobs.filter(pk=container_id)).values_list("sealed", "state").first()
+    row = (
+        dialect.lock_blocking(jobs.filter(pk=container_id))
+        .values_list("sealed", "state", "is_container")
+        .first()
+    )
     if row is not None and row[0] and row[1] not in Job.TERMINAL_STATES:
         count_open_children(dialect, container_id)
+    elif row is not None and not row[2] and row[1] not in Job.TERMINAL_STATES:
+        from . import maps
+
+        maps.recount(dialect, container_id)  # a child of its map came back
 
 
 def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
