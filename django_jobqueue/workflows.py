@@ -165,6 +165,7 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
     jobs = Job.objects.using(dialect.using)
     edges = JobDependency.objects.using(dialect.using)
     frontier = [root_id]
+    cancelled: list[int] = []
     while frontier:
         below = dialect.lock_blocking(
             jobs.filter(
@@ -174,8 +175,9 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         )
         rows = list(below.values_list("pk", "parent_id"))
         if not rows:
-            return
+            break
         ids = [pk for pk, _ in rows]
+        cancelled += ids
         jobs.filter(pk__in=ids).update(
             **terminal_values(
                 Job.State.CANCELLED,
@@ -187,6 +189,14 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         for parent_id in sorted(parents):
             roll_up(dialect, parent_id, finished=parents[parent_id])
         frontier = ids
+    wake_waiters(dialect, cancelled)
+
+
+def wake_waiters(dialect: Dialect, ids: list[int]) -> None:
+    """Promote the jobs that wait (ctx.wait_for) for jobs `ids`, just cancelled by a cascade:
+    those jobs are final, and no finish of theirs will come to promote the waiters."""
+    if ids:
+        promote_downstream(dialect, sorted(ids))
 
 
 def cancel_children(dialect: Dialect, container_id: int) -> None:
@@ -208,6 +218,7 @@ def cancel_children(dialect: Dialect, container_id: int) -> None:
         if is_container or has_children:
             cancel_children(dialect, pk)
         cancel_downstream(dialect, pk, Job.State.CANCELLED)
+    wake_waiters(dialect, [pk for pk, state, _, _ in children if state not in Job.LEASED_STATES])
 
 
 def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished]:
@@ -468,6 +479,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
             roll_up(dialect, parent_id, finished=parents[parent_id])
         cancelled |= blocked.keys()
         pending -= blocked.keys()
+    wake_waiters(dialect, list(cancelled))
     return cancelled
 
 

@@ -170,3 +170,24 @@ def killable(
     with connection.execute_wrapper(stall):
         results = ctx.map("map.tracked", items, concurrency=concurrency)
     return {"results": results}
+
+
+@jobqueue.handler("fanout.wait_downstream", takes_context=True)
+def wait_downstream(ctx: jobqueue.JobContext) -> Any:
+    """Spawn a child that dies and one downstream of it; wait for the downstream one only
+    (which the first's death cancels, a cascade)."""
+    doomed = ctx.spawn("durable.child", {"i": 1, "fail": True}, max_attempts=1)
+    below = ctx.spawn("durable.child", {"i": 2}, depends_on=[doomed])
+    try:
+        return ctx.wait_for([below])
+    except jobqueue.UpstreamFailed as exc:
+        return {"failed": str(exc)}
+
+
+@jobqueue.handler("fanout.wait_ids", takes_context=True)
+def wait_ids(ctx: jobqueue.JobContext, ids: list[int]) -> Any:
+    """Wait for jobs `ids`; return their results or the UpstreamFailed message."""
+    try:
+        return {str(pk): result for pk, result in ctx.wait_for(ids).items()}
+    except jobqueue.UpstreamFailed as exc:
+        return {"failed": str(exc)}
