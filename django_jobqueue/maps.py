@@ -302,8 +302,3 @@ def recount(dialect: Dialect, job_id: int, seq: int | None = None) -> bool:
 def waits(dialect: Dialect, job_id: int) -> bool:
     """Whether job `job_id` (its row locked), suspending on a map, has children unfinished."""
     return recount(dialect, job_id)
-
-
-def open_maps(job_id: int, using: str) -> list[JobMap]:
-    """The maps of job `job_id`, oldest first (the admin's progress)."""
-    return list(JobMap.objects.using(using).filter(job_id=job_id).order_by("seq"))
