@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobqueue', '0018_wait_count'),
+        ('django_jobqueue', '0020_sequences'),
     ]
 
     operations = [
