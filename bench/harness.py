@@ -52,6 +52,7 @@ def reset() -> None:
         Job,
         JobDependency,
         JobEvent,
+        JobMap,
         JobStep,
         JobWait,
         Limit,
@@ -60,7 +61,7 @@ def reset() -> None:
         Worker,
     )
 
-    models = (JobStep, JobWait, JobEvent, JobDependency, Job, Worker)
+    models = (JobStep, JobWait, JobMap, JobEvent, JobDependency, Job, Worker)
     models += (Limit, LimitSetting, ResourceStart)
     tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:

@@ -152,6 +152,11 @@ def main() -> None:
             what = f"CPU ms of one step alone, async / sync handler ({db})"
             rows.append(line(what, cpu["async_step_cpu_ms"], cpu["sync_step_cpu_ms"], "<= 1.5x",
                              cpu["async_vs_sync"] <= 1.5))  # fmt: skip
+        fan = own.get(("fanout_map", db, ""))
+        if fan:
+            what = f"s to all done, {fan['jobs']:,} jobs: enqueue_many / one ctx.map() ({db})"
+            rows.append(line(what, fan["enqueue_many_s"], fan["map_s"], ">= 0.5x",
+                             fan["ratio"] >= 0.5))  # fmt: skip
         budget = own.get(("budgets", db, ""))
         if budget:
             what = f"ms of ctx.acquire() + ctx.settle() / one claim ({db})"

@@ -38,6 +38,9 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     # to a token rate (the units settled a second over the rate).
     BENCH_DB=$db "$PY" -m bench.budgets
     BENCH_DB=$db "$PY" -m bench.budgets --approach
+    # Fan-out: one ctx.map() of 20,000 no-op children against enqueue_many() of 20,000 jobs,
+    # the time to all done (2 workers at --concurrency 8).
+    BENCH_DB=$db "$PY" -m bench.fanout --jobs 20000
     # Server connections against the rate: direct, Django's pool, PgBouncer (PostgreSQL only).
     if [ "$db" = pg ]; then BENCH_DB=pg "$PY" -m bench.connections; fi
 done

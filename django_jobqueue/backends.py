@@ -100,6 +100,12 @@ if HAS_TASKS:
             """See `JobContext.wait_for_any`."""
             return self.job.wait_for_any(jobs, cancel_rest)
 
+        def map(
+            self, key: str | None, items: Any, concurrency: int | None = None, **options: Any
+        ) -> list[Any]:
+            """See `JobContext.map`."""
+            return self.job.map(key, items, concurrency, **options)
+
         def progress(self, current: float, total: float | None = None, message: str = "") -> None:
             """See `JobContext.progress`."""
             self.job.progress(current, total, message)
@@ -152,6 +158,12 @@ if HAS_TASKS:
         ) -> dict[int, Any]:
             """See `AsyncJobContext.wait_for_any`."""
             return await self.job.wait_for_any(jobs, cancel_rest)
+
+        async def map(  # type: ignore[override]
+            self, key: str | None, items: Any, concurrency: int | None = None, **options: Any
+        ) -> list[Any]:
+            """See `AsyncJobContext.map`."""
+            return await self.job.map(key, items, concurrency, **options)
 
         async def progress(  # type: ignore[override]
             self, current: float, total: float | None = None, message: str = ""

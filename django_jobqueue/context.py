@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from . import budgets, durable
+from . import budgets, durable, maps
 from .budgets import Grant
 from .leases import Lease, renew_leases
 from .models import Job
@@ -182,6 +182,27 @@ class JobContext:
         """Return {job id: result} once one of `jobs` is final: `wait_for(jobs, count=1)`."""
         return durable.run(durable.wait_plan(self, jobs, 1, cancel_rest))
 
+    def map(
+        self,
+        key: str | None,
+        items: Iterable[Any],
+        concurrency: int | None = None,
+        **enqueue_options: Any,
+    ) -> list[Any]:
+        """Spawn one child of handler `key` per item, at most `concurrency` running at once,
+        and return their results in the order of `items` once all are final.
+
+        An item that is a dict is its child's keyword arguments; any other item is the one
+        argument ``item``. The children are written together (bulk INSERTs, one transaction
+        with the record of the call); the job suspends until all are final, holding no
+        lease, no thread and no limit. Raises `UpstreamFailed` if one ended `dead` or
+        `cancelled`. `enqueue_options` are enqueue()'s (but `parent`, `depends_on`,
+        `unique_key`), for every child; each child's own limits apply as well. An empty
+        `items` returns [] at once. Durable: a later run returns the same results and never
+        spawns again.
+        """
+        return durable.run(maps.map_plan(self, key, items, concurrency, enqueue_options))
+
     def progress(self, current: float, total: float | None = None, message: str = "") -> None:
         """Record how far the job has got (`Job.progress`), at most about once a second."""
         durable.run(durable.progress_plan(self, current, total, message))
@@ -288,6 +309,17 @@ class AsyncJobContext(JobContext):
         """Return {job id: result} once one of `jobs` is final, as `JobContext.wait_for_any`
         does."""
         return await durable.arun(durable.wait_plan(self, jobs, 1, cancel_rest))
+
+    async def map(  # type: ignore[override]
+        self,
+        key: str | None,
+        items: Iterable[Any],
+        concurrency: int | None = None,
+        **enqueue_options: Any,
+    ) -> list[Any]:
+        """Spawn one child per item and return their results in item order, as
+        `JobContext.map` does."""
+        return await durable.arun(maps.map_plan(self, key, items, concurrency, enqueue_options))
 
     async def progress(  # type: ignore[override]
         self, current: float, total: float | None = None, message: str = ""

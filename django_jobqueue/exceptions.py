@@ -233,7 +233,8 @@ class Suspend(BaseException):
     are the JobStep rows (name, seq, result, place) to write with the suspension.
     """
 
-    kind: str  # "sleep" (until `until`, or `delay` seconds), "event" (waiting for `key`), "jobs"
+    # "sleep" (until `until`, or `delay` seconds), "event" (waiting for `key`), "jobs", "map"
+    kind: str
     until: dt.datetime | None = None
     delay: float | None = None
     key: str | None = None
@@ -244,5 +245,9 @@ class Suspend(BaseException):
 
     def __str__(self) -> str:
         until = self.until if self.delay is None else f"{self.delay:g}s from now"
-        what = {"sleep": f"sleeping until {until}", "event": f"waiting for {self.key!r}"}
+        what = {
+            "sleep": f"sleeping until {until}",
+            "event": f"waiting for {self.key!r}",
+            "map": "waiting for the children of its map",
+        }
         return what.get(self.kind, f"waiting for jobs {self.job_ids}")

@@ -538,6 +538,37 @@ class JobWait(models.Model):
         return f"job {self.job_id} waits for {self.key}"
 
 
+class JobMap(models.Model):
+    """The children of one ctx.map() call of a job: their ids (`first_id` to `last_id`, in the
+    order of the items), how many are unfinished, and the cap on how many run at once.
+
+    The children after `released_through` wait (`waiting`, held back) until a child of the
+    map finishes and leaves room under `concurrency`; `running` counts those let go and not
+    final yet. Every write holds the mapping job's row locked (see maps.py).
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    seq = models.IntegerField(_("call"))  # the call number of its "@map" record
+    type = KeyField(_("handler"), max_length=255)
+    total = models.IntegerField(_("children"))
+    concurrency = models.IntegerField(_("concurrency"), null=True, blank=True)
+    first_id = models.BigIntegerField(_("first child"))
+    last_id = models.BigIntegerField(_("last child"))
+    released_through = models.BigIntegerField(_("released through"))
+    running = models.IntegerField(_("running"))
+    unfinished = models.IntegerField(_("unfinished"))
+
+    class Meta:
+        verbose_name = _("job map")
+        verbose_name_plural = _("job maps")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "seq"], name="jobqueue_map_job_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"map {self.seq} of job {self.job_id}: {self.total - self.unfinished}/{self.total}"
+
+
 class LiveLease(Job):
     """Jobs a worker holds (leased or running): the admin's live-leases page."""
 

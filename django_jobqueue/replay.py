@@ -35,12 +35,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SLEEP, EVENT, SPAWN, WAIT, PATCH = "@sleep", "@event", "@spawn", "@wait", "@patch"
+MAP = "@map"
 # How a mismatch's message names the queue's own calls.
 KINDS = {
     SLEEP: "a sleep",
     EVENT: "an event wait",
     SPAWN: "a spawn",
     WAIT: "a wait for jobs",
+    MAP: "a map",
     "@acquire": "an acquire",
     "@settle": "a settle",
 }

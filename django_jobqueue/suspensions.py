@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.lookups import GreaterThan
 
-from . import events, workflows
+from . import events, maps, workflows
 from .dialects import Dialect
 from .dialects.base import seconds
 from .dialects.functions import DbNow
@@ -154,9 +154,10 @@ def _suspend(dialect: Dialect, lease: Lease, how: Suspend, sent: dict[str, bool]
         JobWait.objects.using(dialect.using).update_or_create(
             job_id=lease.job_id, defaults={"key": how.key or "", "until": how.until, "count": None}
         )
-    elif how.kind == "jobs" and not workflows.await_jobs(
-        dialect, lease.job_id, how.job_ids, how.count
-    ):
+    elif (
+        how.kind == "jobs"
+        and not workflows.await_jobs(dialect, lease.job_id, how.job_ids, how.count)
+    ) or (how.kind == "map" and maps.waits(dialect, lease.job_id)):
         state = Job.State.WAITING
     jobs = Job.objects.using(dialect.using)
     jobs.filter(lease.q()).update(state=state, **_LET_GO, **values)

@@ -66,9 +66,12 @@ def on_finished(dialect: Dialect, finished: Iterable[Finished]) -> None:
         cancel_downstream(dialect, f.job_id, f.state)
     if failed:  # jobs that wait for them to be final, whatever their state (ctx.wait_for)
         promote_downstream(dialect, [f.job_id for f in failed])
-    parents = Counter(f.parent_id for f in finished if f.parent_id is not None)
+    parents: dict[int, list[int]] = {}
+    for f in finished:
+        if f.parent_id is not None:
+            parents.setdefault(f.parent_id, []).append(f.job_id)
     for parent_id in sorted(parents):
-        roll_up(dialect, parent_id, finished=parents[parent_id])
+        roll_up(dialect, parent_id, finished=len(parents[parent_id]), ids=parents[parent_id])
     # A sequenced job is marked as having dependents: only those can move a sequence on.
     moving = [f.job_id for f in finished if f.has_dependents]
     if moving:
@@ -166,6 +169,7 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
     jobs = Job.objects.using(dialect.using)
     edges = JobDependency.objects.using(dialect.using)
     frontier = [root_id]
+    cancelled: list[int] = []
     while frontier:
         below = dialect.lock_blocking(
             jobs.filter(
@@ -175,8 +179,9 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
         )
         rows = list(below.values_list("pk", "parent_id"))
         if not rows:
-            return
+            break
         ids = [pk for pk, _ in rows]
+        cancelled += ids
         jobs.filter(pk__in=ids).update(
             **terminal_values(
                 Job.State.CANCELLED,
@@ -189,6 +194,14 @@ def cancel_downstream(dialect: Dialect, root_id: int, root_state: str) -> None:
             roll_up(dialect, parent_id, finished=parents[parent_id])
         sequences.settle_jobs(dialect, ids)
         frontier = ids
+    wake_waiters(dialect, cancelled)
+
+
+def wake_waiters(dialect: Dialect, ids: list[int]) -> None:
+    """Promote the jobs that wait (ctx.wait_for) for jobs `ids`, just cancelled by a cascade:
+    those jobs are final, and no finish of theirs will come to promote the waiters."""
+    if ids:
+        promote_downstream(dialect, sorted(ids))
 
 
 def cancel_children(dialect: Dialect, container_id: int) -> None:
@@ -210,9 +223,9 @@ def cancel_children(dialect: Dialect, container_id: int) -> None:
         if is_container or has_children:
             cancel_children(dialect, pk)
         cancel_downstream(dialect, pk, Job.State.CANCELLED)
-    sequences.settle_jobs(
-        dialect, [pk for pk, state, _, _ in children if state not in Job.LEASED_STATES]
-    )
+    ended = [pk for pk, state, _, _ in children if state not in Job.LEASED_STATES]
+    sequences.settle_jobs(dialect, ended)
+    wake_waiters(dialect, ended)
 
 
 def settle_spawners(dialect: Dialect, finished: list[Finished]) -> list[Finished]:
@@ -274,6 +287,11 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
         for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@wait"):
             for pk in (seen.result or {}).get("ids", ()):
                 failed.pop(int(pk), None)
+        for seen in JobStep.objects.using(dialect.using).filter(job_id=parent_id, name="@map"):
+            span = seen.result or {}
+            if "first" in span:  # ctx.map: the handler met their failures (UpstreamFailed)
+                failed = {pk: s for pk, s in failed.items()
+                          if not span["first"] <= pk <= span["last"]}  # fmt: skip
     if not failed:
         return str(Job.State.DONE), {}
     first_id, first_state = next(iter(failed.items()))
@@ -281,7 +299,9 @@ def _children_state(dialect: Dialect, parent_id: int, *, is_container: bool) -> 
     return str(Job.State.DEAD), {"last_error": error}
 
 
-def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
+def roll_up(
+    dialect: Dialect, container_id: int, *, finished: int = 1, ids: list[int] | None = None
+) -> None:
     """Count `finished` children of a container as final; finish it when none is left open.
 
     `open_children` counts a sealed container's unfinished children (set when it is sealed,
@@ -290,15 +310,21 @@ def roll_up(dialect: Dialect, container_id: int, *, finished: int = 1) -> None:
     states; an open (unsealed) container is left alone without being locked: sealing counts
     its children (see `containers.seal` for why that is safe). A job that spawned children is
     a container once its handler has returned (sealed by `seal_spawner`); while it runs it
-    is an open one.
+    is an open one, whose children `ids` count down its maps (`maps.count_down`).
     """
     jobs = Job.objects.using(dialect.using)
     # Look before locking: a producer adding a child with depends_on holds the open
     # container's lock while it locks the upstream rows, so a worker finishing one of those
     # (or rolling up a container inside the open one) that then waited for the open container
     # would deadlock with it. An open container cannot roll up, so it needs no lock here.
-    peek = jobs.filter(pk=container_id).values_list("sealed", "state").first()
-    if peek is None or not peek[0] or peek[1] in Job.TERMINAL_STATES:
+    peek = jobs.filter(pk=container_id).values_list("sealed", "state", "is_container").first()
+    if peek is None or peek[1] in Job.TERMINAL_STATES:
+        return
+    if not peek[0]:
+        if ids and not peek[2]:  # a job that spawned them, still unfinished: maybe a map's
+            from . import maps
+
+            maps.count_down(dialect, container_id, ids)
         return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
@@ -395,9 +421,17 @@ def revive(dialect: Dialect, cause_id: int) -> list[int]:
 def reopen_counts(dialect: Dialect, container_id: int) -> None:
     """Recount the open children of a sealed, unfinished container (children were revived)."""
     jobs = Job.objects.using(dialect.using)
-    row = dialect.lock_blocking(jobs.filter(pk=container_id)).values_list("sealed", "state").first()
+    row = (
+        dialect.lock_blocking(jobs.filter(pk=container_id))
+        .values_list("sealed", "state", "is_container")
+        .first()
+    )
     if row is not None and row[0] and row[1] not in Job.TERMINAL_STATES:
         count_open_children(dialect, container_id)
+    elif row is not None and not row[2] and row[1] not in Job.TERMINAL_STATES:
+        from . import maps
+
+        maps.recount(dialect, container_id)  # a child of its map came back
 
 
 def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
@@ -455,6 +489,7 @@ def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:
         sequences.settle_jobs(dialect, blocked)
         cancelled |= blocked.keys()
         pending -= blocked.keys()
+    wake_waiters(dialect, list(cancelled))
     return cancelled
 
 

@@ -179,3 +179,24 @@ def test_a_suspended_jobs_page_shows_its_steps_and_what_it_waits_for(
     assert "event approval:9, gives up at" in waits_for(waiter)
     awaited = waits_for(parent)
     assert "jobs to be final:" in awaited and f">#{child.pk}</a>" in awaited
+
+
+def test_a_mapping_jobs_page_shows_its_maps_progress(admin_client: Client) -> None:
+    parent = jobqueue.enqueue(
+        "map.parent", {"items": [1, 2, 3, 4, 5], "concurrency": 2, "options": {"queue": "kids"}}
+    )
+    run_jobs(queues="default")  # it spawns and suspends
+    first = Job.objects.filter(parent_id=parent.pk).order_by("pk").first()
+    assert first is not None
+    jobqueue.cancel(first)  # one final: the next held child takes its place
+
+    def field(label: str) -> str:
+        page = admin_client.get(url("job_change", parent.pk)).content.decode()
+        return page.split(f"<label>{label}:</label>")[1].split("</div>")[0]
+
+    maps = field("Maps (ctx.map)")
+    assert '<progress max="5" value="1"></progress> 1 / 5 children of map.square final' in maps
+    assert "(2 running, at most 2 at once)" in maps
+    assert "the children of its map (1 / 5 final)" in field("Waits for")
+    run_jobs()
+    assert "5 / 5 children of map.square final</p>" in field("Maps (ctx.map)")

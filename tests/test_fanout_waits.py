@@ -182,3 +182,41 @@ def test_check_count_says_how_many_a_wait_needs(count, ids, expected):
 def test_a_count_the_jobs_cannot_meet_is_refused(count):
     with pytest.raises(InvalidJobError):
         check_count(count, [1, 2])
+
+
+def test_a_wait_for_a_job_cancelled_by_a_cascade_from_its_upstream_returns():
+    """The awaited child is cancelled because the job it depends on died: the wait ends
+    (UpstreamFailed), it does not wait forever."""
+    parent = jobqueue.enqueue("fanout.wait_downstream")
+    run_jobs()
+    parent = row(parent)
+    doomed, below = kids(parent)
+    assert (doomed.state, below.state) == (Job.State.DEAD, Job.State.CANCELLED)
+    record = JobStep.objects.get(job_id=parent.pk, name="@wait").result
+    assert record == {"ids": [below.pk], "states": {str(below.pk): "cancelled"}}
+    assert parent.result == {"failed": f"job {below.pk} ended cancelled"}
+    # The child it did not wait for died: that fails the parent, as for any spawner.
+    assert parent.state == Job.State.DEAD
+    assert parent.last_error["message"] == f"child job {doomed.pk} ended dead"
+
+
+def test_a_wait_for_a_child_cancelled_with_its_parent_returns():
+    """Another job waits for a spawned child; cancelling the spawner cancels the child, and
+    the wait ends."""
+    spawner = jobqueue.enqueue("durable.spawner", {"count": 2, "wait": False, "hold": 0})
+    # The spawner runs alone first, and waits for its children once it has returned.
+    Job.objects.filter(pk=spawner.pk).update(queue="first")
+    run_jobs(queues="first")
+    children = kids(row(spawner))
+    assert [c.state for c in children] == ["ready", "ready"]
+    Job.objects.filter(pk__in=[c.pk for c in children]).update(queue="later")
+    waiter = jobqueue.enqueue("fanout.wait_ids", {"ids": [children[0].pk]}, queue="first")
+    run_jobs(queues="first")
+    assert row(waiter).state == Job.State.WAITING
+    assert row(spawner).state == Job.State.WAITING
+    jobqueue.cancel(spawner)
+    assert row(children[0]).state == Job.State.CANCELLED
+    run_jobs(queues="first")
+    waiter = row(waiter)
+    assert waiter.state == Job.State.DONE, (waiter.state, waiter.last_error)
+    assert waiter.result == {"failed": f"job {children[0].pk} ended cancelled"}

@@ -241,6 +241,17 @@ def test_a_task_waits_for_the_first_of_many_through_its_context(name):
 
 @requires_tasks
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", ["map_report", "amap_report"])
+def test_a_task_maps_over_items_through_its_context(name):
+    result = getattr(tasks, name).using(max_attempts=1).enqueue()
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == [1, 4, 9]
+    assert Job.objects.filter(parent_id=result.id).count() == 3
+
+
+@requires_tasks
+@pytest.mark.django_db(transaction=True)
 def test_group_and_weight_are_stored_and_the_task_runs():
     result = tasks.add.using(group="tenant-a", weight=3).enqueue(1, 2)
     job = Job.objects.get(pk=result.id)

@@ -9,7 +9,7 @@ from django.db.models import F
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..models import Job, JobDependency, JobStep, JobWait
+from ..models import Job, JobDependency, JobMap, JobStep, JobWait
 from . import display
 
 SHOWN_STEPS = 200
@@ -18,6 +18,7 @@ KINDS = {
     "@event": "event wait",
     "@spawn": "spawn",
     "@wait": "wait for jobs",
+    "@map": "map",
     "@patch": "patched()",
     "@acquire": "acquire",
     "@settle": "settle",
@@ -40,6 +41,30 @@ def progress(job: Job) -> SafeString | str:
         of,
         format_html(": {}", value["message"]) if value.get("message") else "",
         ago,
+    )
+
+
+def maps(job: Job) -> SafeString | str:
+    """The progress of the job's maps (ctx.map): children done / total, as a bar each."""
+    rows = list(JobMap.objects.filter(job_id=job.pk).order_by("seq"))
+    if not rows:
+        return display.NONE
+    return format_html_join(
+        "",
+        '<p><progress max="{}" value="{}"></progress> {} / {} children of {} final{}</p>',
+        (
+            (
+                row.total,
+                row.total - row.unfinished,
+                row.total - row.unfinished,
+                row.total,
+                row.type,
+                f" ({row.running} running, at most {row.concurrency} at once)"
+                if row.unfinished and row.concurrency
+                else (f" ({row.running} running)" if row.unfinished else ""),
+            )
+            for row in rows
+        ),
     )
 
 
@@ -120,6 +145,10 @@ def waits_for(job: Job) -> SafeString | str:
         )
     if job.sealed and job.has_children:
         return format_html("its spawned children ({} not final)", job.open_children)
+    mapping = JobMap.objects.filter(job_id=job.pk, unfinished__gt=0).order_by("-seq").first()
+    if mapping is not None:
+        done = mapping.total - mapping.unfinished
+        return f"the children of its map ({done} / {mapping.total} final)"
     return "-"
 
 

@@ -87,6 +87,7 @@ class JobAdmin(JobPagesAdmin):
         "job_result",
         "runs",
         "job_progress",
+        "job_maps",
         "job_steps",
         "waits_for",
         "sequence_place",
@@ -140,7 +141,7 @@ class JobAdmin(JobPagesAdmin):
                 ]
             },
         ),
-        ("Long job", {"fields": ["job_progress", "waits_for", "job_steps"]}),
+        ("Long job", {"fields": ["job_progress", "job_maps", "waits_for", "job_steps"]}),
         ("Lease", {"fields": ["lease"]}),
         ("Data", {"fields": ["arguments", "job_result"]}),
         ("Times", {"fields": ["created_time", "updated_time", "started_time", "finished_time"]}),
@@ -439,6 +440,10 @@ class JobAdmin(JobPagesAdmin):
     @admin.display(description="progress")
     def job_progress(self, job: Job) -> SafeString | str:
         return durable.progress(job)
+
+    @admin.display(description="maps (ctx.map)")
+    def job_maps(self, job: Job) -> SafeString | str:
+        return durable.maps(job)
 
     @admin.display(description="steps (durable calls kept across runs)")
     def job_steps(self, job: Job) -> SafeString | str:

@@ -132,6 +132,16 @@ if django.VERSION >= (6, 0):
         counted = await context.wait_for(second, count=1)
         return {"any": list(won.values()), "count": list(counted.values())}
 
+    @task(takes_context=True)
+    def map_report(context: Any) -> list[Any]:
+        """A task mapping durable.child over three items, two at once, through its context."""
+        return context.map("durable.child", [{"i": i} for i in (1, 2, 3)], concurrency=2)
+
+    @task(takes_context=True)
+    async def amap_report(context: Any) -> list[Any]:
+        """map_report as an async task: its context's map is awaited."""
+        return await context.map("durable.child", [{"i": i} for i in (1, 2, 3)], concurrency=2)
+
     @task()
     def sleepy(seconds: float) -> str:
         # Short sleeps, so the JobTimeout a worker raises into this thread lands promptly.

@@ -106,3 +106,9 @@ async def budget_calls(ctx, calls=10, estimate=100, resource="tokens"):
         await ctx.settle(grant, spent)
         used += spent
     return used
+
+
+@jobqueue.handler("bench.map", takes_context=True)
+def map_noop(ctx, count=20000, concurrency=None):
+    """Map bench.noop over `count` items (empty keyword arguments); return how many results."""
+    return len(ctx.map("bench.noop", [{}] * count, concurrency=concurrency))
