@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import django_jobqueue as jobqueue
-from django_jobqueue.models import Job
+from django_jobqueue.models import Job, Worker
 from tests.chaos.support import LEASE_EXPIRED
 from tests.conftest import assert_clean_log, poll, wait_for_job
 from tests.testapp.models import RunRecord
@@ -83,6 +83,9 @@ def test_worker_with_clock_minutes_ahead_reclaims_no_live_lease(start_worker, ch
     doomed = start_worker("--concurrency", "1", "--queue", "orphans", *SHORT_LEASE)
     (orphan,) = long_jobs(1, 30, queue="orphans")
     doomed_id = wait_for_job(orphan, Job.State.RUNNING).lease_owner
+    # As if it ran on another host: nothing proves its process gone, the lease rules (a
+    # worker of this host would take back its jobs at once, by its pid).
+    Worker.objects.filter(pk=doomed_id).update(process_key="")
     doomed.kill()
     killed_at = time.monotonic()
     back = wait_for_job(orphan, Job.State.SCHEDULED, Job.State.READY, timeout=60)
