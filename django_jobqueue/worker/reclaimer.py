@@ -193,17 +193,8 @@ def reclaim_gone_on_host(dialect: Dialect, *, batch: int, me: str) -> list[tuple
     (worker/processes.py): elsewhere nothing can be proven, and the lease rules. Returns (job
     id, new state) pairs.
     """
-    here = processes.host()
-    if not here:
-        return []
-    rows = (
-        Worker.objects.using(dialect.using)
-        .filter(process_key__startswith=f"{here}:")
-        .exclude(pk=me)
-        .values_list("pk", "process_key")
-    )
     moved: list[tuple[int, str]] = []
-    for pk, process in rows:
+    for pk, process in _of_this_host(dialect).exclude(pk=me).values_list("pk", "process_key"):
         if processes.gone(process):
             logger.warning("Worker %s is gone from this host: reclaiming its jobs at once", pk)
             moved += reclaim_dead_worker(dialect, pk, batch=batch, reason=GONE_REASON)
@@ -218,11 +209,9 @@ def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:
     process is gone counts too, whatever its leases have left (`reclaim_gone_on_host` takes
     them back at its next tick, and deletes its row).
     """
-    here = processes.host()
-    if here:
-        rows = Worker.objects.using(dialect.using).filter(process_key__startswith=f"{here}:")
-        if any(processes.gone(key) for key in rows.values_list("process_key", flat=True)):
-            return True
+    rows = _of_this_host(dialect).values_list("process_key", flat=True)
+    if any(processes.gone(key) for key in rows):
+        return True
     expired = Job.objects.using(dialect.using).expired().in_queues(queues)
     holders = {
         str(owner)
@@ -238,6 +227,14 @@ def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:
         if any(pk not in who.job_ids for pk in held):
             return True
     return False
+
+
+def _of_this_host(dialect: Dialect) -> QuerySet[Worker]:
+    """The rows of the workers whose process names this host, boot and pid namespace (none
+    where this process cannot tell them: processes.host() is "")."""
+    here = processes.host()
+    rows = Worker.objects.using(dialect.using)
+    return rows.filter(process_key__startswith=f"{here}:") if here else rows.none()
 
 
 def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
