@@ -75,6 +75,7 @@ def run_fleet(start_worker, env: dict[str, str], spec: dict) -> list[float]:
     return starts
 
 
+@pytest.mark.alone
 def test_a_resource_rate_holds_at_handler_start_on_busy_cpus(start_worker, busy_cpus, settings):
     """LIMITS {"api": {"rate": "20/s"}}, each job using 1. Fix: jobs claimed within the rate
     were prefetched and started in their handlers up to a second later, behind the long jobs
@@ -87,6 +88,7 @@ def test_a_resource_rate_holds_at_handler_start_on_busy_cpus(start_worker, busy_
     assert most_in_any_window(starts, 1.0) <= RATE
 
 
+@pytest.mark.alone
 def test_a_group_rate_holds_at_handler_start_on_busy_cpus(start_worker, busy_cpus):
     """RATE_LIMITS {"api": "20/s"}: the same, for a group's rate."""
     env = {"JOBQUEUE_TEST_RATE_LIMITS": json.dumps({"api": f"{RATE}/s"})}
