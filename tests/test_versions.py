@@ -232,6 +232,9 @@ def test_stats_count_the_jobs_waiting_for_a_version_no_live_worker_has(register)
     figures = stats_json()
     assert figures["unserved_versions"] == {KEY: {"": 1, "1": 2}}
     assert figures["unknown_handlers"] == {}
+    out = StringIO()
+    call_command("jobqueue_stats", stdout=out)
+    assert f"{KEY}@(none) (1)" in out.getvalue()  # as the check W005 and the admin say it
     # A worker of the release before versions (its row has none): it serves "" only.
     live_worker("w-old", None)
     assert stats_json()["unserved_versions"] == {KEY: {"1": 2}}

@@ -176,7 +176,9 @@ def render(figures: dict[str, Any]) -> list[str]:
     if waiting:
         # They wait, by design: a worker that has their version (an older one) may come back.
         whom = "no live worker has" if figures["workers"]["live"] else "no code here registers"
-        counts = {f"{kind}@{v}": n for kind, by in waiting.items() for v, n in by.items()}
+        counts = {
+            f"{kind}@{v or '(none)'}": n for kind, by in waiting.items() for v, n in by.items()
+        }
         lines.append(
             f"{sum(counts.values())} started job(s) wait for a handler version {whom}: "
             + _pairs(counts)
