@@ -96,7 +96,18 @@ JOBQUEUE = {
     # Resources that jobs share across all workers: here each tenant's daily token budget,
     # which shop.summarize_reviews takes from call by call (ctx.acquire) and settles by what
     # the model used (ctx.settle).
-    "LIMITS": {"llm-tokens:*": {"rate": "200000/d"}},
+    # And a concurrency cap per tenant, for the jobs that say `uses={"tenant:<name>": 1}` (none
+    # of the story's do: it shows on the admin's Limits page beside the budget).
+    "LIMITS": {"llm-tokens:*": {"rate": "200000/d"}, "tenant:*": {"concurrency": 2}},
+    # Jobs the workers enqueue on a schedule: the exchange rates every night at 03:00 UTC (see
+    # the admin's Schedules page for its next run).
+    "SCHEDULES": {
+        "nightly-rates": {
+            "handler": "shop.fetch_rates",
+            "cron": "0 3 * * *",
+            "args": {"currency": "EUR"},
+        },
+    },
 }
 
 # Django's Tasks framework (django.tasks), backed by the same queue: a @task's .enqueue() writes a
