@@ -21,6 +21,8 @@ PYTEST = COVERAGE_FILE=$(COV_DATA)/.coverage $(BIN)/coverage run --rcfile=$(CURD
 # driver, no test or dev tools): it runs on SQLite, and needs no MySQL client headers.
 DEMO_VENV ?= .venv-demo
 DEMO_BIN := $(DEMO_VENV)/bin
+# The example site's port: `make demo-site PORT=8001`.
+PORT ?= 8000
 
 .PHONY: venv test lint typecheck checks test-sqlite test-postgres test-mysql coverage chaos docs \
 	demo demo-venv demo-site bench clean lane-sqlite lane-postgres lane-mysql restart-postgres \
@@ -171,11 +173,12 @@ demo-venv: $(DEMO_BIN)/.installed
 
 # The story on a fresh SQLite database (example_project/README.md); exits non-zero if it fails.
 demo: demo-venv
-	$(MAKE) --no-print-directory -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN)
+	$(MAKE) --no-print-directory -C example_project demo BIN=$(CURDIR)/$(DEMO_BIN) PORT=$(PORT)
 
-# The example site on 127.0.0.1:8000 with the demo's database and an admin login (admin/admin).
+# The example site on 127.0.0.1:8000 with the demo's database and an admin login (admin/admin);
+# `make demo-site PORT=8001` serves it on another port (and `make demo PORT=8001` links there).
 demo-site: demo-venv
-	$(MAKE) --no-print-directory -C example_project site BIN=$(CURDIR)/$(DEMO_BIN)
+	$(MAKE) --no-print-directory -C example_project site BIN=$(CURDIR)/$(DEMO_BIN) PORT=$(PORT)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .test-state .bench-state .site .coverage-data \

@@ -56,15 +56,10 @@ def _unhandled_work(using: str) -> list[checks.CheckMessage]:
     from django.db import DatabaseError
 
     from . import versions
-    from .dialects.functions import DbNow
     from .models import Job, Worker
 
     try:
-        live = list(
-            Worker.objects.using(using)
-            .filter(expires_at__gt=DbNow())
-            .values_list("handlers", "handler_versions")
-        )
+        live = list(Worker.objects.using(using).alive().values_list("handlers", "handler_versions"))
         if not live:
             return []  # no worker to compare with: jobqueue_stats reports that
         known = sorted({key for handlers, _ in live for key in handlers or []})

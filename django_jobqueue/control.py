@@ -228,11 +228,11 @@ def _clear(pk: int, later: QuerySet[JobStep], where: str) -> int:
 
 
 def owner_alive(owner: str | None, using: str | None = None) -> bool:
-    """Whether worker `owner` has a row that has not expired (its heartbeat is current)."""
+    """Whether worker `owner` has a row not gone nor expired (its heartbeat is current)."""
     if owner is None:
         return False
     workers = Worker.objects.using(using or conf.get().database)
-    return workers.filter(pk=owner, expires_at__gt=DbNow()).exists()
+    return workers.alive().filter(pk=owner).exists()
 
 
 def release_lease(job: Job | int) -> str:

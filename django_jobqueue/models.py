@@ -349,12 +349,30 @@ class JobSequence(models.Model):
         return str(self.key)
 
 
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    """Querysets whose methods name a worker's states."""
+
+    def live(self) -> WorkerQuerySet:
+        """Rows of workers not known to be gone (their heartbeat may still have lapsed)."""
+        return self.filter(gone_at__isnull=True)
+
+    def alive(self) -> WorkerQuerySet:
+        """Rows of workers not gone whose heartbeat is current (database clock)."""
+        return self.live().filter(expires_at__gt=DbNow())
+
+    def gone(self) -> WorkerQuerySet:
+        """Rows kept for the Workers page of workers that stopped or were found dead."""
+        return self.filter(gone_at__isnull=False)
+
+
 class Worker(models.Model):
-    """A live worker process, kept fresh by its heartbeat and removed on clean exit.
+    """A worker process, kept fresh by its heartbeat; kept a while as gone once it ends.
 
     The row is the worker's liveness: its heartbeat pushes `expires_at` forward and lists the
     jobs it holds in `job_ids`. A lease is reclaimed only from a worker whose row has expired
-    (or that no longer lists the job), never because a job row could not be renewed.
+    (or that no longer lists the job), never because a job row could not be renewed. A worker
+    that stops, or is found dead, gets `gone_at` (and an expired, empty row): every reader of
+    liveness ignores such rows, which only the Workers page shows until they are swept.
     """
 
     id = KeyField(_("worker id"), max_length=255, primary_key=True)
@@ -374,6 +392,12 @@ class Worker(models.Model):
     # The versions of each handler it has, for the keys with other than "" (versions.py);
     # NULL in the rows of the workers of a release before versions (they have "" only).
     handler_versions = models.JSONField(_("handler versions"), null=True, default=dict, blank=True)
+    # When it stopped or was found dead (NULL while live), and how many of its jobs were taken
+    # back by a reclaimer (a clean stop leaves none).
+    gone_at = models.DateTimeField(_("gone at"), null=True, blank=True)
+    jobs_reclaimed = models.IntegerField(_("jobs reclaimed"), default=0)
+
+    objects = WorkerQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("worker")

@@ -117,10 +117,11 @@ def collect(
     }
 
     workers = list(
-        Worker.objects.using(using).values_list(
-            "queues", "expires_at", "handlers", "handler_versions"
-        )
+        Worker.objects.using(using)
+        .live()
+        .values_list("queues", "expires_at", "handlers", "handler_versions")
     )
+    gone = Worker.objects.using(using).gone().count()
     alive = [(qs, hs, vs) for qs, expires, hs, vs in workers if expires and expires > now]
     live = [qs for qs, _, _ in alive]
     live_handlers = [hs for _, hs, _ in alive]
@@ -165,7 +166,9 @@ def collect(
             .values_list("name", "closed_until")
             if until is not None
         },
-        "workers": {"live": len(live), "stale": len(workers) - len(live)},
+        # live: beating; stale: not beating, not yet judged; gone: stopped or found dead (kept
+        # an hour for the admin's Workers page).
+        "workers": {"live": len(live), "stale": len(workers) - len(live), "gone": gone},
         "unserved_queues": unserved,
         "open_containers": open_containers,
         # Sequences with a job released; the blocked ones, by key with the id of their head.

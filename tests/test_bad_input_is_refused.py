@@ -222,4 +222,4 @@ def test_a_dynamic_limit_that_does_not_import_is_a_check_error() -> None:
 def test_bad_worker_options_are_a_command_error(argv: list[str]) -> None:
     with pytest.raises(CommandError):
         call_command("jobqueue_worker", *argv, "--burst")
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()

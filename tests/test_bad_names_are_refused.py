@@ -325,7 +325,7 @@ def test_the_worker_refuses_a_bad_queue_or_worker_id(option: str, case: str) -> 
     with pytest.raises(CommandError) as info:
         call_command("jobqueue_worker", option, BAD_NAMES[case], "--burst")
     assert_printable(str(info.value))
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
 
 
 # -- the admin's Limits page: a form error, nothing changed -----------------------------------

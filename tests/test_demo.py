@@ -117,6 +117,27 @@ def test_the_demo_site_has_an_admin_login_and_working_pages(tmp_path: Path) -> N
     assert pages[2].endswith("True"), "the job page draws its workflow"
 
 
+def test_make_demo_site_takes_a_port() -> None:
+    def planned(target: str, *args: str) -> str:
+        return subprocess.run(
+            ["make", "--no-print-directory", "-n", target, *args, "DEMO_BIN=/nowhere"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    assert "runserver 127.0.0.1:8000" in planned("demo-site")
+    site = planned("demo-site", "PORT=8001")
+    assert "runserver 127.0.0.1:8001" in site and "shop_demo_admin --port 8001" in site
+    assert "shop_demo --port 8001" in planned("demo", "PORT=8001")
+
+
+@example_project
+def test_the_demo_site_prints_links_for_its_port(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite3"
+    _ok(_manage(sys.executable, db, "migrate", "--verbosity", "0"))
+    out = _ok(_manage(sys.executable, db, "shop_demo_admin", "--port", "8001"))
+    assert "Open http://127.0.0.1:8001/admin/" in out and "8000" not in out
+
+
 @example_project
 def test_the_demo_admin_login_needs_debug(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite3"

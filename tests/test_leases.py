@@ -514,4 +514,24 @@ def test_stale_worker_rows_are_judged_by_their_own_lease_ttl(dialect):
             heartbeat_at=beat, lease_ttl=ttl, expires_at=beat + dt.timedelta(seconds=ttl),
         )  # fmt: skip
     assert sweep_workers(dialect, stale_after=4.0) == 1
-    assert list(Worker.objects.values_list("pk", flat=True)) == ["long"]
+    assert list(Worker.objects.live().values_list("pk", flat=True)) == ["long"]
+    assert list(Worker.objects.gone().values_list("pk", flat=True)) == ["short"]
+
+
+def test_gone_worker_rows_are_kept_an_hour_then_deleted(dialect):
+    """A gone row stays for the Workers page for GONE_KEPT seconds; the sweep then deletes it,
+    and no reader of liveness counts it meanwhile."""
+    from django_jobqueue.control import owner_alive
+    from django_jobqueue.worker.reclaimer import GONE_KEPT, sweep_workers
+
+    now = timezone.now()
+    for worker_id, gone in (("recent", 60.0), ("old", GONE_KEPT + 60.0)):
+        moment = now - dt.timedelta(seconds=gone)
+        Worker.objects.create(
+            id=worker_id, host="h", pid=1, concurrency=1, started_at=moment,
+            heartbeat_at=moment, expires_at=moment, gone_at=moment, jobs_reclaimed=2,
+        )  # fmt: skip
+    assert sweep_workers(dialect, stale_after=4.0) == 0
+    assert list(Worker.objects.values_list("pk", flat=True)) == ["recent"]
+    assert not owner_alive("recent")
+    assert not Worker.objects.live().exists()

@@ -86,7 +86,7 @@ def test_json_matches_the_table():
     assert figures["groups"]["a"]["ready"] == 2
     assert figures["groups"]["b"]["running"] == 1
     assert figures["leases"] == {"in_flight": 2, "expired": 1, "expired_stale": 1}
-    assert figures["workers"] == {"live": 1, "stale": 1}
+    assert figures["workers"] == {"live": 1, "stale": 1, "gone": 0}
     assert figures["unserved_queues"] == {"mail": 1}
     assert figures["unknown_handlers"] == {"nobody.handles": 1}
     assert figures["oldest_ready_age"] is not None and 0 <= figures["oldest_ready_age"] < 600
@@ -189,11 +189,11 @@ def test_workers_of_several_hosts_are_counted_and_serve_their_queues(start_worke
     first.wait_registered()
     second.wait_registered()
     figures = stats_json()
-    assert figures["workers"] == {"live": 2, "stale": 0}
+    assert figures["workers"] == {"live": 2, "stale": 0, "gone": 0}
     assert second.stop() == 0
     make("ready", queue="reports")
     figures = stats_json()
-    assert figures["workers"]["live"] == 1
+    assert figures["workers"] == {"live": 1, "stale": 0, "gone": 1}  # stopped: kept, not live
     assert figures["unserved_queues"] == {"reports": 1}
     assert first.stop() == 0
 

@@ -112,7 +112,7 @@ def test_burst_exits_zero_when_nothing_is_runnable(start_worker):
     for job in (later, upstream):
         assert Job.objects.get(pk=job.pk).state == Job.State.SCHEDULED
     assert Job.objects.get(pk=waiting.pk).state == Job.State.WAITING
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
     assert_clean_log(worker.output())
 
 
@@ -140,7 +140,7 @@ def test_max_jobs_exits_after_n_jobs(start_worker):
     assert states.count(Job.State.READY) == 2
     assert Job.objects.filter(attempts__gt=0).count() == 3  # the others were never claimed
     assert "claimed 3 jobs" in worker.output()
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -129,8 +129,9 @@ def test_row_of_a_killed_worker_is_swept_once_its_heartbeat_is_stale(start_worke
     # Another worker sweeps rows whose heartbeat is older than 4 of their own lease TTLs.
     sweeper = start_worker(*SHORT_LEASE)
     sweeper_id = sweeper.wait_registered().id
-    poll(lambda: not Worker.objects.filter(pk=doomed_id).exists(), timeout=60)
-    assert Worker.objects.filter(pk=sweeper_id).exists()
+    poll(lambda: not Worker.objects.live().filter(pk=doomed_id).exists(), timeout=60)
+    assert Worker.objects.gone().filter(pk=doomed_id).exists()  # kept a while, for the admin
+    assert Worker.objects.live().filter(pk=sweeper_id).exists()
     assert sweeper.stop() == 0
 
 

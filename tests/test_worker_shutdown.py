@@ -43,7 +43,7 @@ def test_sigterm_releases_an_unfinished_job_without_charging_the_attempt(start_w
     assert released.run_after is None  # runnable again at once
     assert released.last_error is None
     assert "released 1 unfinished job(s) back to ready" in worker.output()
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
 
 
 def test_released_job_runs_on_the_next_worker_as_attempt_one(start_worker):
@@ -78,7 +78,7 @@ def test_sigterm_lets_the_in_flight_job_finish_and_claims_nothing_new(start_work
     untouched = Job.objects.get(pk=later.pk)
     assert untouched.state == Job.State.READY
     assert untouched.attempts == 0
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
     assert_clean_log(worker.output())
 
 
@@ -107,7 +107,7 @@ def test_sigint_stops_an_idle_worker_cleanly(start_worker):
     worker.wait_registered()
     worker.signal(signal.SIGINT)
     assert worker.wait(30) == 0
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
 
 
 def test_worker_row_lives_while_the_worker_runs_and_is_removed_on_exit(start_worker):
@@ -143,7 +143,7 @@ def test_worker_row_lives_while_the_worker_runs_and_is_removed_on_exit(start_wor
     )
     assert worker.stop() == 0
     assert Job.objects.get(pk=job.pk).state == Job.State.DONE
-    assert not Worker.objects.filter(pk="probe-worker").exists()
+    assert not Worker.objects.live().filter(pk="probe-worker").exists()
     assert_clean_log(worker.output())
 
 

@@ -99,7 +99,7 @@ def test_worker_exits_for_a_restart_when_too_many_threads_stay_hung(start_worker
     for job in stuck:
         assert_timed_out(Job.objects.get(pk=job.pk), 0.5)
     assert "still stuck in their threads" in worker.output()
-    assert not Worker.objects.exists()
+    assert not Worker.objects.live().exists()
 
 
 def test_async_handler_times_out(start_worker):
@@ -161,4 +161,4 @@ def test_job_within_its_timeout_is_not_disturbed(start_worker):
     assert done.last_error is None
     assert RunRecord.objects.filter(job_id=job.pk).count() == 1
     assert worker.stop() == 0
-    poll(lambda: not Worker.objects.exists())
+    poll(lambda: not Worker.objects.live().exists())

@@ -79,7 +79,8 @@ class QueueFilter(_ValueFilter):
     def values(self, request: HttpRequest, model_admin: Any) -> set[str]:
         settings = conf.get()
         names = {settings.default_queue, *settings.queue_limits}
-        for queues in Worker.objects.using(settings.database).values_list("queues", flat=True):
+        workers = Worker.objects.using(settings.database).live()
+        for queues in workers.values_list("queues", flat=True):
             names.update(str(queue) for queue in queues or [])
         return names | _recent(request, model_admin, "queue")
 
@@ -221,6 +222,23 @@ class WorkerFilter(admin.SimpleListFilter):
         if not value:
             return queryset
         return queryset.filter(lease_owner=value) if searchable(value) else queryset.none()
+
+
+class WorkerStatusFilter(admin.SimpleListFilter):
+    """Workers live (not known to be gone) or gone (stopped or found dead, kept an hour)."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("live", _("Live")), ("gone", _("Gone"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "live":
+            return queryset.filter(gone_at__isnull=True)
+        if self.value() == "gone":
+            return queryset.filter(gone_at__isnull=False)
+        return queryset
 
 
 # The windows of the date filters: URL value -> (label, length).

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 from .. import conf, containers, control, sequences
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, JobSequence, JobStep, Worker
-from . import display, durable, filters, graph, rollup, timeline
+from . import argsearch, display, durable, filters, graph, rollup, timeline
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -66,7 +66,10 @@ class JobAdmin(JobPagesAdmin):
     ]
     ordering = ["-id"]
     search_fields = ["=id"]
-    search_help_text = "An exact job id, handler key or unique key."
+    search_help_text = (
+        "An exact job id, handler key or unique key; or inside the arguments: args.tenant_id=42 "
+        'args.user.name="Ann Lee" (every clause must hold).'
+    )
     actions = [retry_jobs, cancel_jobs, release_leases, seal_containers, delete_finished_jobs]
     readonly_fields = [
         "version_line",
@@ -252,6 +255,12 @@ class JobAdmin(JobPagesAdmin):
             return queryset, False
         if not filters.searchable(term):
             return queryset.none(), False
+        if argsearch.wanted(term):
+            try:
+                return argsearch.filtered(queryset, argsearch.parse(term)), False
+            except argsearch.SearchError as exc:
+                messages.error(request, f"Search: {exc}")
+                return queryset.none(), False
         # Unordered: with ORDER BY id, SQLite walks the primary key instead of the key's index.
         keyed = list(Job.objects.filter(unique_key=term).values_list("pk", flat=True)[:100])
         number = filters.parse_id(term.lstrip("#"))

@@ -53,8 +53,10 @@ def stats() -> dict[str, Any]:
             }
         )
     oldest = oldest_ready(jobs, now)
-    workers = Worker.objects.annotate(now=DbNow()).values_list(
-        "expires_at", "now", "handlers", "handler_versions"
+    workers = (
+        Worker.objects.live()
+        .annotate(now=DbNow())
+        .values_list("expires_at", "now", "handlers", "handler_versions")
     )
     alive = [(hs, vs) for expires, at, hs, vs in workers if expires and expires > at]
     live_handlers = [hs for hs, _ in alive]

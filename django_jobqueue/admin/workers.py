@@ -1,4 +1,8 @@
-"""The workers page: who is alive, what each holds, how fresh its heartbeat is."""
+"""The workers page: who is alive, what each holds, how fresh its heartbeat is, and who is gone.
+
+A worker that stopped or was found dead stays listed for an hour (reclaimer.GONE_KEPT), under
+the live ones: when it went, how many of its jobs were taken back, what it did while it ran.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import F, IntegerField, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.urls import reverse
@@ -15,7 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ..dialects.functions import DbNow
 from ..models import MinuteCount, Worker
-from . import display
+from . import display, filters
 from .base import OwnFiltersAdmin
 
 SHOWN = 5
@@ -49,7 +53,9 @@ class WorkerAdmin(OwnFiltersAdmin):
         "heartbeat_age",
         "status",
     ]
-    ordering = ["host", "pid"]
+    # The live first, then the gone, the latest gone first.
+    ordering = [F("gone_at").desc(nulls_first=True), "host", "pid"]
+    list_filter = [filters.WorkerStatusFilter]
     readonly_fields = ["queue_list", "in_flight_all", "heartbeat_age", "status", "jobs_done"]
     fields = [
         "id",
@@ -64,6 +70,8 @@ class WorkerAdmin(OwnFiltersAdmin):
         "expires_at",
         "lease_ttl",
         "status",
+        "gone_at",
+        "jobs_reclaimed",
         "in_flight_all",
     ]
 
@@ -103,9 +111,13 @@ class WorkerAdmin(OwnFiltersAdmin):
 
     @admin.display(description="started")
     def started(self, worker: Any) -> SafeString:
-        up = display.age(worker.started_at, getattr(worker, "now", None))
+        end = worker.gone_at or getattr(worker, "now", None)
+        up = display.age(worker.started_at, end)
         return format_html(
-            '{}<span class="jq-sub">up {}</span>', display.moment(worker.started_at), up
+            '{}<span class="jq-sub">{} {}</span>',
+            display.moment(worker.started_at),
+            "ran" if worker.gone_at else "up",
+            up,
         )
 
     @admin.display(description="jobs done / failed")
@@ -120,6 +132,14 @@ class WorkerAdmin(OwnFiltersAdmin):
 
     @admin.display(description="status")
     def status(self, worker: Any) -> SafeString:
+        if worker.gone_at is not None:
+            n = worker.jobs_reclaimed
+            reclaimed = f"{n} job{'' if n == 1 else 's'} reclaimed"
+            return format_html(
+                "gone at {}, {}",
+                display.moment(worker.gone_at),
+                display.warn(reclaimed) if n else reclaimed,
+            )
         now = getattr(worker, "now", None)
         if worker.expires_at is not None and now is not None and worker.expires_at > now:
             return format_html("{}", "alive")

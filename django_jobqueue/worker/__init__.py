@@ -337,7 +337,9 @@ class JobWorker:
             try:
                 heartbeat.unregister()
             except (DatabaseError, InterfaceError):
-                logger.warning("Could not remove worker row %s; it will be swept", self.worker_id)
+                logger.warning(
+                    "Could not mark worker row %s gone; it will be swept", self.worker_id
+                )
         if dispatcher.too_many_hung:
             self.exit_code = EXIT_TOO_MANY_HUNG
         logger.info("Worker %s stopped (claimed %s jobs)", self.worker_id, self.claimed)

@@ -79,7 +79,9 @@ class Heartbeat(Duty):
         """Write the worker's row (registering it if it is missing); note the success."""
         started = time.monotonic()
         job_ids = sorted(lease.job_id for lease in self.flights.leases())
-        rows = WorkerRow.objects.using(self.dialect.using).filter(pk=self.worker_id)
+        # A row marked gone (judged dead while this process could not beat) is not revived:
+        # `register` replaces it with a new one.
+        rows = WorkerRow.objects.using(self.dialect.using).live().filter(pk=self.worker_id)
         values = {
             "heartbeat_at": DbNow(),
             "expires_at": DbNow() + seconds(self.lease_ttl),
@@ -119,7 +121,10 @@ class Heartbeat(Duty):
                 "handlers": list(registry.allowlist()),
                 "handler_versions": versions.worker_row(registry.served()),
             }
-            WorkerRow.objects.using(self.dialect.using).update_or_create(
+            rows = WorkerRow.objects.using(self.dialect.using)
+            # A gone row of the same id (a worker id given again) is an earlier process's.
+            rows.gone().filter(pk=self.worker_id).delete()
+            rows.update_or_create(
                 pk=self.worker_id,
                 defaults=common,
                 create_defaults={**common, "started_at": DbNow()},
@@ -131,8 +136,9 @@ class Heartbeat(Duty):
             self.on_beat(started)
 
     def unregister(self) -> None:
-        """Delete the worker's row (clean exit)."""
-        WorkerRow.objects.using(self.dialect.using).filter(pk=self.worker_id).delete()
+        """Mark the worker's row gone (clean exit): expired, holding nothing, kept for a while."""
+        rows = WorkerRow.objects.using(self.dialect.using).live().filter(pk=self.worker_id)
+        rows.update(gone_at=DbNow(), expires_at=DbNow(), job_ids=[])
 
     def on_error(self, exc: BaseException) -> None:
         self._healthy_since = None

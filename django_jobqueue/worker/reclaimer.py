@@ -1,5 +1,8 @@
 """The reclaimer: takes leases back from workers that are gone, and sweeps their rows.
 
+A gone worker's row (stopped, or found dead here) is kept GONE_KEPT seconds with the count of
+the jobs taken back from it, for the Workers page, then deleted by the same sweep.
+
 Any worker does this for all, every RECLAIM_INTERVAL, in bounded batches. A job whose lease
 ran out is only a candidate: it is reclaimed when its owner's row has expired (the worker is
 gone or has been unable to beat for a whole TTL) or when its owner, alive, no longer lists the
@@ -17,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from .. import signals, workflows
 from ..dialects import Dialect
@@ -33,6 +37,8 @@ from . import processes
 from .duty import Duty
 
 logger = logging.getLogger(__name__)
+
+GONE_KEPT = 3600.0  # seconds a gone worker's row stays on the Workers page
 
 
 @dataclasses.dataclass
@@ -126,6 +132,8 @@ def reclaim_expired(
     moved = dialect.run_in_transaction(txn)
     for pk, state in moved:
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
+    if failed:
+        _count_reclaimed(dialect, Counter(str(row[3]) for row, _ in failed))
     if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
         for row, state in failed:
             pk, attempts, _, holder, *_, job_type, queue, group = row
@@ -146,7 +154,7 @@ def reclaim_dead_worker(
     For the watchdog that killed it, or that saw it die: no other worker needs to wait for
     its leases to run out.
     Each job is charged the attempt it was in, as for any reclaimed lease, and the worker's
-    row is deleted. Returns (job id, new state) pairs.
+    row is marked gone. Returns (job id, new state) pairs.
     """
     jobs = Job.objects.using(dialect.using)
     rows = Worker.objects.using(dialect.using).filter(pk=worker_id)
@@ -168,7 +176,7 @@ def reclaim_dead_worker(
         moved += chunk
         if len(chunk) < batch:
             break
-    rows.delete()
+    rows.live().update(gone_at=DbNow(), job_ids=[])
     return moved
 
 
@@ -207,7 +215,7 @@ def any_reclaimable(dialect: Dialect, queues: list[str]) -> bool:
     The same test as `reclaim_expired`'s, without its lock: such a lease waits only for a
     reclaimer, so a burst worker does not exit while one is left. A worker of this host whose
     process is gone counts too, whatever its leases have left (`reclaim_gone_on_host` takes
-    them back at its next tick, and deletes its row).
+    them back at its next tick, and marks its row gone).
     """
     rows = _of_this_host(dialect).values_list("process_key", flat=True)
     if any(processes.gone(key) for key in rows):
@@ -233,13 +241,13 @@ def _of_this_host(dialect: Dialect) -> QuerySet[Worker]:
     """The rows of the workers whose process names this host, boot and pid namespace (none
     where this process cannot tell them: processes.host() is "")."""
     here = processes.host()
-    rows = Worker.objects.using(dialect.using)
+    rows = Worker.objects.using(dialect.using).live()
     return rows.filter(process_key__startswith=f"{here}:") if here else rows.none()
 
 
 def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
     rows = Worker.objects.using(dialect.using).filter(pk__in=sorted(ids))
-    alive = set(rows.filter(expires_at__gt=DbNow()).values_list("pk", flat=True))
+    alive = set(rows.alive().values_list("pk", flat=True))
     return {
         pk: _Owner(pk in alive, expires_at, ttl, set(job_ids or []))
         for pk, expires_at, ttl, job_ids in rows.values_list(
@@ -248,16 +256,39 @@ def _owners(dialect: Dialect, ids: set[str]) -> dict[str, _Owner]:
     }
 
 
+def _count_reclaimed(dialect: Dialect, by_owner: Counter[str]) -> None:
+    """Add to each owner's count of jobs reclaimed (shown on the Workers page).
+
+    After the reclaim's commit, in a transaction of its own: the reclaim locks job rows, and
+    `reclaim_dead_worker` writes a worker row before job rows; the two never wait in a circle.
+    """
+    workers = Worker.objects.using(dialect.using)
+
+    def txn() -> None:
+        for owner, n in sorted(by_owner.items()):
+            workers.filter(pk=owner).update(jobs_reclaimed=F("jobs_reclaimed") + n)
+
+    dialect.run_in_transaction(txn)
+
+
 def _stale_workers(dialect: Dialect, stale_after: float) -> QuerySet[Worker]:
-    return Worker.objects.using(dialect.using).filter(
-        heartbeat_at__lt=DbNow() - seconds(stale_after)
+    return (
+        Worker.objects.using(dialect.using)
+        .live()
+        .filter(heartbeat_at__lt=DbNow() - seconds(stale_after))
     )
 
 
+def _past_keeping(dialect: Dialect) -> QuerySet[Worker]:
+    return Worker.objects.using(dialect.using).filter(gone_at__lt=DbNow() - seconds(GONE_KEPT))
+
+
 def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
-    """Delete Worker rows whose heartbeat is older than four of their own lease TTLs (and
-    than `stale_after` seconds): a worker with a longer TTL than this one is judged by its own.
+    """Mark gone the Worker rows whose heartbeat is older than four of their own lease TTLs
+    (and than `stale_after` seconds): a worker with a longer TTL than this one is judged by
+    its own. Delete the rows gone for over GONE_KEPT seconds. Returns the rows marked gone.
     """
+    _past_keeping(dialect).delete()
     rows = (
         _stale_workers(dialect, stale_after)
         .annotate(now=DbNow())
@@ -270,8 +301,8 @@ def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
     ]
     if not doomed:
         return 0
-    deleted, _ = Worker.objects.using(dialect.using).filter(pk__in=doomed).delete()
-    return deleted
+    live = Worker.objects.using(dialect.using).live().filter(pk__in=doomed)
+    return live.update(gone_at=DbNow(), expires_at=DbNow(), job_ids=[])
 
 
 class Reclaimer(Duty):
@@ -306,8 +337,12 @@ class Reclaimer(Duty):
     def tick(self) -> float | None:
         # Reads first: an idle reclaimer opens no write transaction (on SQLite, that would
         # take the database's write lock every second for nothing).
-        if self.may_judge(None) and _stale_workers(self.dialect, self.lease_ttl * 4).exists():
-            sweep_workers(self.dialect, stale_after=self.lease_ttl * 4)
+        stale_after = self.lease_ttl * 4
+        if self.may_judge(None) and (
+            _stale_workers(self.dialect, stale_after).exists()
+            or _past_keeping(self.dialect).exists()
+        ):
+            sweep_workers(self.dialect, stale_after=stale_after)
         self.reclaiming = True
         try:
             # The workers of this host whose process is gone: proven dead, their leases are

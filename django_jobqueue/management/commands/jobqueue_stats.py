@@ -132,9 +132,10 @@ def render(figures: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "Oldest ready job: " + ("none ready" if age is None else f"waiting {age:.1f}s"),
-        f"Leases: {leases['in_flight']} in flight, {leases['expired']} expired "
-        f"({leases['expired_stale']} past a lease TTL)",
-        f"Workers: {workers['live']} live, {workers['stale']} stale",
+        f"Leases: {leases['in_flight']} in flight; {leases['expired']} ran out and await a "
+        f"reclaimer, {leases['expired_stale']} of them for over a lease TTL",
+        f"Workers: {workers['live']} live, {workers['stale']} stale, "
+        f"{workers['gone']} gone in the last hour",
         f"Throughput: {throughput['finished_per_minute']} finished/min over the last "
         f"{throughput['minutes']} min",
     ]

@@ -41,7 +41,7 @@ from shop.tasks import email_tracking
 
 TENANTS = {"acme": 3, "globex": 1}  # group -> weight
 OPS = "ops"  # the operations team's jobs: weight 1
-SITE = "http://127.0.0.1:8000"
+PORT = 8000  # of the example site: `make demo PORT=8001` and `make demo-site PORT=8001`
 OVERVIEW = "/admin/django_jobqueue/queueoverview/"
 FINAL = {Job.State.DONE, Job.State.DEAD, Job.State.CANCELLED}
 COLUMNS = ["waiting", "scheduled", "ready", "running", "done", "dead", "cancelled"]
@@ -106,6 +106,9 @@ class Command(BaseCommand):
         parser.add_argument("--svg", type=Path, default=base / "workflow.svg")
         parser.add_argument("--worker-log", type=Path, default=base / "demo-worker.log")
         parser.add_argument("--timeout", type=float, default=120.0, help="Seconds, at most.")
+        parser.add_argument(
+            "--port", type=int, default=PORT, help="The example site's port, for the links."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if Job.objects.exists():
@@ -157,7 +160,7 @@ class Command(BaseCommand):
 
         console.rule("[bold]4. The workflow picture")
         acme = Job.objects.get(pk=cast.containers["acme"].pk)  # as it is now: done
-        svg = write_svg(acme, options["svg"])
+        svg = write_svg(acme, options["svg"], options["port"])
         console.print(
             f"Wrote {svg}: container #{cast.containers['acme'].pk}, its children below "
             f"(the first 8, then '+N more') and #{cast.publish['acme'].pk} on the right. The "
@@ -173,13 +176,15 @@ class Command(BaseCommand):
             raise CommandError(f"The demo did not go as told: {len(problems)} problem(s).")
         console.print("[green]✓ Everything went as told.")
         console.print(f"The worker's log: {options['worker_log']}")
+        site = f"http://127.0.0.1:{options['port']}"
         console.print(
-            f"\nOpen the example site, logged in as admin / admin, at {SITE}/admin/ with:\n"
+            f"\nOpen the example site, logged in as admin / admin, at {site}/admin/ with:\n"
         )
-        console.print("    [bold]make demo-site[/]", highlight=False)
+        port = "" if options["port"] == PORT else f" PORT={options['port']}"
+        console.print(f"    [bold]make demo-site{port}[/]", highlight=False)
         console.print(
-            f"\nthen the overview, with this run's charts: {SITE}{OVERVIEW}\nand acme's "
-            f"workflow, with its timeline: {SITE}/admin/django_jobqueue/job/"
+            f"\nthen the overview, with this run's charts: {site}{OVERVIEW}\nand acme's "
+            f"workflow, with its timeline: {site}/admin/django_jobqueue/job/"
             f"{cast.containers['acme'].pk}/change/"
         )
 
@@ -519,9 +524,10 @@ def check_reviews(job: Job) -> list[str]:
     return []
 
 
-def write_svg(job: Job, path: Path) -> Path:
+def write_svg(job: Job, path: Path, port: int = PORT) -> Path:
     """Write the admin's picture of `job`'s neighbourhood as a standalone SVG file."""
-    svg = str(render(job)).replace('href="/', f'href="{SITE}/')  # links open the demo site
+    site = f"http://127.0.0.1:{port}"
+    svg = str(render(job)).replace('href="/', f'href="{site}/')  # links open the demo site
     path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n", encoding="utf-8")
     return path
 

@@ -1,0 +1,111 @@
+"""Search inside a job's arguments from the jobs list: `args.tenant_id=42 args.user.name="Ann"`.
+
+The grammar (docs: reference/admin.md, Search):
+
+    search  := clause (" " clause)*          every clause must hold
+    clause  := "args." key ("." key)* "=" value
+    key     := letters, digits, "_" or "-" (a digit-only key is a list index on a list)
+    value   := "quoted string" (JSON escapes) | true | false | null | number | bare text
+
+A value that reads as a number, quoted or not, matches that number or the same text stored as
+a string (`42` finds 42 and "42"); quotes group a value with spaces; other text is a string.
+Each clause is a JSON key lookup of the ORM (PostgreSQL `->`, MySQL and SQLite
+`JSON_EXTRACT`), so it works on every database.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
+
+from ..models import Job
+
+PREFIX = "args."
+MAX_CLAUSES = 5
+MAX_DEPTH = 8
+KEY = re.compile(r"[A-Za-z0-9_-]+")
+# One clause: the path up to the first "=", then a quoted string or a run of non-spaces.
+CLAUSE = re.compile(r'args\.([^=\s]*)=("(?:[^"\\]|\\.)*"|\S*)(?:\s+|$)')
+LITERALS = {"true": True, "false": False, "null": None}
+
+
+class SearchError(ValueError):
+    """A search for arguments that does not follow the grammar; its text says why."""
+
+
+def wanted(term: str) -> bool:
+    """Whether `term` is a search inside the arguments (it starts with `args.`)."""
+    return term.startswith(PREFIX)
+
+
+def parse(term: str) -> list[tuple[list[str], list[Any]]]:
+    """The (key path, accepted values) of each clause of `term`; SearchError if malformed."""
+    clauses: list[tuple[list[str], list[Any]]] = []
+    at = 0
+    while at < len(term):
+        match = CLAUSE.match(term, at)
+        if match is None:
+            raise SearchError(
+                f"Cannot read {term[at:at + 40]!r}: write args.<key>=<value>, for example "
+                'args.tenant_id=42 or args.user.name="Ann Lee".'
+            )  # fmt: skip
+        path, raw = match.group(1), match.group(2)
+        keys = path.split(".")
+        if not path or not all(KEY.fullmatch(key) for key in keys):
+            raise SearchError(
+                f"Bad key path {path!r} in {match.group(0).strip()!r}: keys are letters, "
+                "digits, _ and -, joined by dots."
+            )
+        if len(keys) > MAX_DEPTH:
+            raise SearchError(f"Key path {path!r} is deeper than {MAX_DEPTH} keys.")
+        clauses.append((keys, _values(raw, match.group(0).strip())))
+        at = match.end()
+    if len(clauses) > MAX_CLAUSES:
+        raise SearchError(f"At most {MAX_CLAUSES} args clauses in one search.")
+    return clauses
+
+
+def _values(raw: str, clause: str) -> list[Any]:
+    if not raw:
+        raise SearchError(f'No value after \'=\' in {clause!r} (search for "" with args.key="").')
+    if raw.startswith('"'):
+        try:
+            text = str(json.loads(raw))
+        except ValueError:
+            raise SearchError(f"Bad quoted string in {clause!r}.") from None
+    elif raw in LITERALS:
+        return [LITERALS[raw]]
+    else:
+        text = raw
+    try:
+        number = json.loads(text)
+    except ValueError:
+        return [text]
+    if isinstance(number, int | float) and not isinstance(number, bool):
+        # The number, or the same text stored as a string, quoted or not: MySQL compares a
+        # key's value unquoted (42 = "42"), and every database answers alike this way.
+        return [number, text]
+    return [text]
+
+
+def filtered(jobs: QuerySet[Job], clauses: list[tuple[list[str], list[Any]]]) -> QuerySet[Job]:
+    """`jobs` whose arguments hold every clause."""
+    where = Q()
+    for n, (keys, values) in enumerate(clauses):
+        # Key transforms built one by one, not "args__a__b" keyword lookups: a key named like a
+        # lookup ("contains") or holding "__" stays a key. Filtered through an alias, so that
+        # the ORM prepares the value as JSON (a string, null) as for a keyword lookup.
+        path: Any = "args"
+        for key in keys:
+            path = KeyTransform(key, path)
+        name = f"jq_args_{n}"
+        jobs = jobs.alias(**{name: path})
+        either = Q()
+        for value in values:
+            either |= Q(**{f"{name}__exact": value})
+        where &= either
+    return jobs.filter(where)
