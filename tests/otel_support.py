@@ -117,7 +117,11 @@ class FileLogExporter(_LogExporter):  # type: ignore[misc]
 
     def export(self, batch: Sequence[Any]) -> Any:
         self.out.write([record.to_json(indent=None) for record in batch])
-        return getattr(log_export, "LogRecordExportResult", None) or log_export.LogExportResult
+        result = getattr(log_export, "LogRecordExportResult", None) or log_export.LogExportResult
+        return result.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
 
     def shutdown(self) -> None:
         pass
