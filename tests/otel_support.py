@@ -60,7 +60,7 @@ def in_memory() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
     global _installed
     if _installed is None:
         # Delta temporality: each collection holds what happened since the one before.
-        delta = dict.fromkeys(
+        delta: dict[type, AggregationTemporality] = dict.fromkeys(
             (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter,
              ObservableGauge),
             AggregationTemporality.DELTA,
@@ -155,7 +155,7 @@ def collect(reader: InMemoryMetricReader) -> dict[str, dict[tuple[tuple[str, Any
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
                 for point in metric.data.data_points:
-                    key = tuple(sorted(point.attributes.items()))
+                    key = tuple(sorted((point.attributes or {}).items()))
                     value = point.count if hasattr(point, "count") else point.value
                     found.setdefault(metric.name, {})[key] = value
     return found
