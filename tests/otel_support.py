@@ -148,7 +148,8 @@ def to_files(directory: Path) -> None:
 
 
 def collect(reader: InMemoryMetricReader) -> dict[str, dict[tuple[tuple[str, Any], ...], Any]]:
-    """{metric name: {sorted attributes: value (a histogram's: its count)}} collected now."""
+    """{metric name: {sorted attributes: value (a histogram's: its count)}} collected now,
+    without the points that did not change since the last collection (deltas of 0)."""
     found: dict[str, dict[tuple[tuple[str, Any], ...], Any]] = {}
     data = reader.get_metrics_data()
     for resource in data.resource_metrics if data else ():
@@ -157,6 +158,8 @@ def collect(reader: InMemoryMetricReader) -> dict[str, dict[tuple[tuple[str, Any
                 for point in metric.data.data_points:
                     key = tuple(sorted((point.attributes or {}).items()))
                     value = point.count if hasattr(point, "count") else point.value
+                    if value == 0:
+                        continue
                     found.setdefault(metric.name, {})[key] = value
     return found
 

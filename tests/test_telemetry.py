@@ -72,7 +72,7 @@ def test_bad_opentelemetry_settings_are_reported(value, message):
     assert isinstance(usable.opentelemetry, bool | dict)
 
 
-def test_a_job_enqueued_in_a_span_runs_as_its_child_with_a_link(otel):
+def test_a_job_enqueued_in_a_span_runs_as_its_child(otel):
     spans, _ = otel
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("request") as request:
@@ -84,7 +84,7 @@ def test_a_job_enqueued_in_a_span_runs_as_its_child_with_a_link(otel):
     assert span.kind == SpanKind.CONSUMER
     assert span.parent.span_id == request.get_span_context().span_id
     assert span.context.trace_id == request.get_span_context().trace_id
-    assert [link.context.span_id for link in span.links] == [request.get_span_context().span_id]
+    assert not span.links  # a child of its creation context: no link to it besides
     assert span.attributes["messaging.system"] == "django_jobqueue"
     assert span.attributes["messaging.operation.name"] == "process"
     assert span.attributes["messaging.destination.name"] == "reports"

@@ -85,9 +85,9 @@ def test_a_request_its_job_steps_sleep_and_child_are_one_trace(
         (s for s in found if s["name"] == "process otel.pipeline"), key=lambda s: s["start_time"]
     )
     first, second = attempts
-    for attempt in attempts:  # children of the request, linked to it too
+    for attempt in attempts:  # children of the request
         assert parent_of(attempt) == request_span
-        assert [hex_id(link["context"]["span_id"]) for link in attempt["links"]] == [request_span]
+        assert not attempt["links"]
         assert attempt["kind"] == "SpanKind.CONSUMER"
         attributes = attempt["attributes"]
         assert attributes["messaging.system"] == "django_jobqueue"

@@ -7,22 +7,25 @@ the API's no-op providers drop everything.
 
 Traces. `enqueue()` (and every path that builds jobs) stores the current span's W3C
 `traceparent` on the job. Each attempt is a CONSUMER span "process <handler key>" whose
-parent is that context, with a link to it too: the messaging conventions say a process span
-SHOULD link its message's creation context and MAY be its child, and as its child a
-workflow (a request, its job, the job's steps and the children it spawned) is one trace. The
-span is current while the handler runs (in its thread, or its asyncio task), so durable steps
-are its child spans, the jobs it spawns carry its context, and log records carry its ids. A
-suspension (sleep, wait) and a `RateLimited` are events on it.
+parent is that creation context: the messaging conventions allow it for a process span that
+handles a single message (links are their default, for batches), and as a child a workflow
+(a request, its job, the job's steps and the children it spawned) is one trace. The worker
+runs attempts in no ambient span, so there is no other context to link. The span is current
+while the handler runs (in its thread, or its asyncio task), so durable steps are its child
+spans, the jobs it spawns carry its context, and log records carry its ids. A suspension
+(sleep, wait) and a `RateLimited` are events on it.
 
-Metrics. Counters and the duration histogram are fed by the package's own signals (sent
-after each outcome commits), so they count what was recorded; the queue gauges come from a
-worker duty (`worker/gauges.py`) that reads the database at most every GAUGE_INTERVAL
-seconds, in one worker only.
+Metrics. The job counters are asynchronous (observable) counters over the process's own
+tallies, counted where the package records an outcome (`outcomes`, the reclaimer), where a
+job starts and where its enqueue commits (the `job_enqueued` signal); the two histograms
+record each attempt; the queue gauges come from a worker duty (`worker/gauges.py`) that
+reads the database at most every GAUGE_INTERVAL seconds, in one worker only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from django.dispatch import Signal
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import signals
@@ -71,6 +74,7 @@ class OpenTelemetry:
         self.recording_metrics = bool(options["METRICS"])
         self.gauge_interval = float(options["GAUGE_INTERVAL"])
         self._propagator = TraceContextTextMapPropagator()
+        self._last_parent: tuple[str | None, otel_context.Context] = (None, otel_context.Context())
         version = _version()
         self.tracer = trace.get_tracer(SCOPE, version)
         self._lock = threading.Lock()
@@ -84,13 +88,17 @@ class OpenTelemetry:
 
     def _instruments(self, meter: metrics.Meter) -> None:
         count = "{job}"
-        self.enqueued = meter.create_counter("jobqueue.jobs.enqueued", count, "Jobs enqueued")
-        self.started = meter.create_counter("jobqueue.jobs.started", count, "Attempts started")
-        self.finished = meter.create_counter(
-            "jobqueue.jobs.finished", count, "Attempts that returned and were recorded"
-        )
-        self.failed = meter.create_counter("jobqueue.jobs.failed", count, "Attempts that failed")
-        self.dead = meter.create_counter("jobqueue.jobs.dead", count, "Jobs that failed for good")
+        # The job counters are observed from this process's own tallies (`_count`): a
+        # synchronous counter's add() costs the worker more than the rest of a no-op job.
+        for name, description in (
+            ("enqueued", "Jobs enqueued"),
+            ("started", "Attempts started"),
+            ("finished", "Attempts that returned and were recorded (state: done, cancelled)"),
+            ("failed", "Attempts that failed (state: what became of the job)"),
+            ("dead", "Jobs that failed for good"),
+        ):
+            observe = functools.partial(_observe_counter, name)
+            meter.create_observable_counter(f"jobqueue.jobs.{name}", [observe], count, description)
         self.duration = meter.create_histogram(
             "messaging.process.duration",
             "s",
@@ -109,27 +117,23 @@ class OpenTelemetry:
         self.settled = meter.create_counter(
             "jobqueue.limit.units.settled", "{unit}", "Units of a rated resource settled as used"
         )
-        meter.create_observable_gauge(
-            "jobqueue.queue.ready", [self._observe_ready], count, "Ready jobs, by queue"
-        )
+        ready = functools.partial(_observe, "_observe_ready")
+        meter.create_observable_gauge("jobqueue.queue.ready", [ready], count, "Ready jobs by queue")
         meter.create_observable_gauge(
             "jobqueue.queue.oldest_ready_age",
-            [self._observe_oldest],
+            [functools.partial(_observe, "_observe_oldest")],
             "s",
             "Seconds the oldest ready job of each queue has waited",
         )
         meter.create_observable_gauge(
             "jobqueue.leases.in_flight",
-            [self._observe_leases],
+            [functools.partial(_observe, "_observe_leases")],
             count,
             "Attempts a worker holds a lease on",
         )
+        # Sent where jobs are enqueued and units settled: not the worker's hot path.
         for signal, receiver in (
             (signals.job_enqueued, self._on_enqueued),
-            (signals.job_started, self._on_started),
-            (signals.job_finished, self._on_finished),
-            (signals.job_failed, self._on_failed),
-            (signals.job_dead, self._on_dead),
             (signals.units_settled, self._on_settled),
         ):
             signal.connect(receiver, weak=False, dispatch_uid=f"jobqueue-otel-{id(self)}")
@@ -155,19 +159,15 @@ class OpenTelemetry:
     def attempt(self, flight: InFlight) -> Iterator[Any]:
         """Run an attempt inside its span, current for the block (the handler's thread or task)."""
         job, lease = flight.job, flight.lease
-        self._record_wait(flight)
+        if self.recording_metrics:
+            self._count("started", job.type, job.queue)
+            self._record_wait(flight)
         if not self.traces:
             yield None
             return
-        parent = (
-            self._propagator.extract({"traceparent": job.traceparent})
-            if job.traceparent
-            else otel_context.Context()  # a root span: not a child of whatever runs the worker
-        )
-        created = trace.get_current_span(parent).get_span_context()
         span = self.tracer.start_span(
             f"process {job.type}",
-            context=parent,
+            context=self._parent(job.traceparent),
             kind=SpanKind.CONSUMER,
             attributes={
                 "messaging.system": SYSTEM,
@@ -179,7 +179,6 @@ class OpenTelemetry:
                 HANDLER: job.type,
                 "jobqueue.attempt": lease.attempt,
             },
-            links=[Link(created)] if created.is_valid else None,
             record_exception=False,
             set_status_on_exception=False,
         )
@@ -189,6 +188,18 @@ class OpenTelemetry:
         finally:
             otel_context.detach(token)
             span.end()
+
+    def _parent(self, traceparent: str | None) -> otel_context.Context:
+        """The context an attempt's span is the child of: its job's creation context, or
+        none (a root span, not a child of whatever runs the worker)."""
+        if not traceparent:
+            return otel_context.Context()
+        last = self._last_parent  # the jobs of one enqueue_many() share theirs
+        if last[0] == traceparent:
+            return last[1]
+        parent = self._propagator.extract({"traceparent": traceparent})
+        self._last_parent = (traceparent, parent)
+        return parent
 
     def ended(self, span: Any, flight: InFlight, outcome: Outcome | None) -> None:
         """Say on the attempt's span how it ended: its outcome, error, suspension or 429."""
@@ -233,7 +244,7 @@ class OpenTelemetry:
         job = flight.job
         # A first attempt only, as the admin's latency chart (metrics.Tally): a retry's or a
         # resumed durable job's wait is not the queue's.
-        if not self.recording_metrics or job.attempts != 1 or job.has_steps:
+        if job.attempts != 1 or job.has_steps:
             return
         if job.created_at is None:
             return
@@ -245,36 +256,34 @@ class OpenTelemetry:
         if self.recording_metrics:
             self.granted.add(units, {RESOURCE: resource})
 
+    def _count(self, name: str, job_type: str, queue: str, state: str | None = None) -> None:
+        key = (name, job_type, queue, state)
+        with _lock:
+            _counts[key] = _counts.get(key, 0) + 1
+
+    def recorded(self, outcome: Outcome, state: str | None) -> None:
+        """Count an outcome the worker recorded (None: its lease was lost), and time it."""
+        if not self.recording_metrics or state is None:
+            return
+        job = outcome.flight.job
+        error = outcome.error
+        if error is None:
+            self._count("finished", job.type, job.queue, state)
+            self.duration.record(outcome.duration, _attributes(job.type, job.queue))
+            return
+        self.failed(job.type, job.queue, state, _qualname(error))
+        attributes = {**_attributes(job.type, job.queue), "error.type": _qualname(error)}
+        self.duration.record(outcome.duration, attributes)
+
+    def failed(self, job_type: str, queue: str, state: str, error_type: str) -> None:
+        """Count a failed attempt (and a dead job): recorded, or reclaimed from a dead worker."""
+        if self.recording_metrics:
+            self._count("failed", job_type, queue, state)
+            if state == "dead":
+                self._count("dead", job_type, queue)
+
     def _on_enqueued(self, sender: Any, *, job_type: str, queue: str, **kwargs: Any) -> None:
-        self.enqueued.add(1, _attributes(job_type, queue))
-
-    def _on_started(self, sender: Any, *, job_type: str, queue: str, **kwargs: Any) -> None:
-        self.started.add(1, _attributes(job_type, queue))
-
-    def _on_finished(
-        self, sender: Any, *, job_type: str, queue: str, state: str, duration: float, **kw: Any
-    ) -> None:
-        self.finished.add(1, {**_attributes(job_type, queue), STATE: state})
-        self.duration.record(duration, _attributes(job_type, queue))
-
-    def _on_failed(
-        self,
-        sender: Any,
-        *,
-        job_type: str,
-        queue: str,
-        state: str,
-        error: BaseException,
-        duration: float | None,
-        **kwargs: Any,
-    ) -> None:
-        self.failed.add(1, {**_attributes(job_type, queue), STATE: state})
-        if duration is not None:  # None: its worker died (reclaimed), nobody timed it
-            attributes = {**_attributes(job_type, queue), "error.type": _qualname(error)}
-            self.duration.record(duration, attributes)
-
-    def _on_dead(self, sender: Any, *, job_type: str, queue: str, **kwargs: Any) -> None:
-        self.dead.add(1, _attributes(job_type, queue))
+        self._count("enqueued", job_type, queue)
 
     def _on_settled(self, sender: Any, *, resource: str, used: int, **kwargs: Any) -> None:
         self.settled.add(used, {RESOURCE: resource})
@@ -287,22 +296,50 @@ class OpenTelemetry:
             else:
                 self._leases[worker_id] = count
 
-    def _observe_leases(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    def _observe_leases(self) -> Iterable[metrics.Observation]:
         with self._lock:
             watched = list(self._leases.items())
         return [metrics.Observation(count(), {"messaging.client.id": w}) for w, count in watched]
 
-    def _observe_ready(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    def _observe_ready(self) -> Iterable[metrics.Observation]:
         queues = self.queues or {}
         return [metrics.Observation(n, {DESTINATION: q}) for q, (n, _) in queues.items()]
 
-    def _observe_oldest(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    def _observe_oldest(self) -> Iterable[metrics.Observation]:
         queues = self.queues or {}
         return [metrics.Observation(age, {DESTINATION: q}) for q, (_, age) in queues.items()]
 
 
-def _attributes(job_type: str, queue: str) -> dict[str, str]:
-    return {"messaging.system": SYSTEM, DESTINATION: queue, HANDLER: job_type}
+# (counter, handler key, queue, state) -> count since the process started: the observable job
+# counters' values, kept across configurations (a meter provider keeps an instrument's first
+# callbacks, and its cumulative sums, for good).
+_counts: dict[tuple[str, str, str, str | None], int] = {}
+_lock = threading.Lock()
+
+
+def _observe_counter(name: str, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    with _lock:
+        counts = [(k, n) for k, n in _counts.items() if k[0] == name]
+    return [
+        metrics.Observation(n, _attributes(job_type, queue, state))
+        for (_, job_type, queue, state), n in counts
+    ]
+
+
+def _observe(method: str, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    """A gauge's observations, from the configuration on now (none when it is off)."""
+    from . import active
+
+    return [] if active is None else getattr(active, method)()
+
+
+@functools.cache
+def _attributes(job_type: str, queue: str, state: str | None = None) -> dict[str, str]:
+    """A metric point's attributes (one dict per combination: they are never changed)."""
+    attributes = {"messaging.system": SYSTEM, DESTINATION: queue, HANDLER: job_type}
+    if state is not None:
+        attributes[STATE] = state
+    return attributes
 
 
 def _qualname(error: BaseException) -> str:

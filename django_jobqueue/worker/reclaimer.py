@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from .. import signals, workflows
+from .. import signals, telemetry, workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
@@ -33,6 +33,8 @@ from . import processes
 from .duty import Duty
 
 logger = logging.getLogger(__name__)
+# The error.type of a reclaimed attempt, in the OpenTelemetry metrics.
+LEASE_EXPIRED = f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}"
 
 
 @dataclasses.dataclass
@@ -126,6 +128,9 @@ def reclaim_expired(
     moved = dialect.run_in_transaction(txn)
     for pk, state in moved:
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
+    if failed and telemetry.active is not None:
+        for row, state in failed:
+            telemetry.active.failed(row[-3], row[-2], state, LEASE_EXPIRED)
     if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
         for row, state in failed:
             pk, attempts, _, holder, *_, job_type, queue, group = row
