@@ -136,6 +136,11 @@ def main() -> None:
             what = f"jobs/s of 20-step jobs that replay, position check on / off ({db})"
             rows.append(line(what, checked["checked_per_s"], checked["unchecked_per_s"],
                              "about 1x (>= 0.95x)", checked["ratio"] >= 0.95))  # fmt: skip
+        otel = own.get(("otel_drain", db, ""))
+        if otel:
+            what = f"jobs/s of the no-op drain, OpenTelemetry on (sampling all) / off ({db})"
+            rows.append(line(what, otel["on_per_s"], otel["off_per_s"], ">= 0.85x",
+                             otel["ratio"] >= 0.85))  # fmt: skip
         steps = own.get(("async_steps", db, ""))
         if steps:
             what = f"async jobs, 3 steps of 0.05 s, jobs/s at concurrency 64 / (64 / 0.15 s) ({db})"

@@ -22,6 +22,9 @@ for db in ${BENCH_DBS:-pg mysql sqlite}; do
     BENCH_DB=$db "$PY" -m bench.durable
     # The replay's position check: 20-step jobs that suspend and replay, checked / not.
     BENCH_DB=$db "$PY" -m bench.replay_check --jobs 1000 --rounds 2
+    # OpenTelemetry's cost: the no-op drain traced and measured (SDK sampling all, exporting
+    # nothing) / off, and traces only, metrics only.
+    BENCH_DB=$db "$PY" -m bench.otel --jobs 10000 --rounds 2
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 20000 300000
     BENCH_DB=$db "$PY" -m bench.backlog --sizes 150000 --stats fresh stale
     BENCH_DB=$db "$PY" -m bench.sustained --minutes "${BENCH_SUSTAINED_MINUTES:-4}" --interval 15

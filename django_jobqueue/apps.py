@@ -13,8 +13,12 @@ class JobQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the checks
+        from django.test.signals import setting_changed
 
+        from . import checks, telemetry  # noqa: F401 - checks: registers the checks
+
+        telemetry.configure()  # imports nothing of OpenTelemetry unless it is turned on
+        setting_changed.connect(telemetry.on_setting_changed, dispatch_uid="jobqueue-telemetry")
         autodiscover_modules("jobs")
         if _uses_our_tasks_backend():
             autodiscover_modules("tasks")  # @task functions register as they are defined

@@ -20,7 +20,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from . import leases, limits, registry, signals, validation, wake
+from . import leases, limits, registry, signals, telemetry, validation, wake
 from .conf import JobQueueSettings
 from .context import AsyncJobContext, JobContext
 from .dialects import Dialect
@@ -147,6 +147,16 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
     """
     if not _begin(flight, threading.get_ident()):
         return None  # released (shutdown) before it started
+    hooks = telemetry.active
+    if hooks is None:
+        return _run(dialect, conf, flight)
+    with hooks.attempt(flight) as span:  # current while the handler runs, in this thread
+        outcome = _run(dialect, conf, flight)
+        hooks.ended(span, flight, outcome)
+    return outcome
+
+
+def _run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
     try:
         try:
             result = _call(dialect, conf, flight)
@@ -218,6 +228,16 @@ def start_async(
 
 
 async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
+    hooks = telemetry.active
+    if hooks is None:
+        return await _run_async(dialect, conf, flight)
+    with hooks.attempt(flight) as span:  # current in this task (its own context)
+        outcome = await _run_async(dialect, conf, flight)
+        hooks.ended(span, flight, outcome)
+    return outcome
+
+
+async def _run_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome | None:
     timeout = flight.job.timeout
     try:
         try:

@@ -29,7 +29,7 @@ import dataclasses
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from . import conf, signals
+from . import conf, signals, telemetry
 from .dialects.base import aware
 from .durable import MISSING, lease_lost, write
 from .exceptions import InvalidJobError, Suspend
@@ -145,6 +145,8 @@ def acquire(ctx: JobContext, resource: str, units: int) -> Grant:
             raise AssertionError("unreachable: run_jobs applies no limit") from None
         raise Suspend("sleep", until=wait.until) from None
     ctx._calls.remember(ACQUIRE, seq, grant._record())
+    if telemetry.active is not None:
+        telemetry.active.units_granted(resource, units)
     return grant
 
 

@@ -7,14 +7,15 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from . import conf
+from . import conf, telemetry
 from .dialects import get_dialect
 from .exceptions import UnsupportedDatabaseError
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: each bad value of JOBQUEUE.  E003: USE_TZ must be on.  E004: DYNAMIC_LIMIT imports."""
+    """E001: each bad value of JOBQUEUE.  E003: USE_TZ must be on.  E004: DYNAMIC_LIMIT imports.
+    W006: OPENTELEMETRY is on without opentelemetry-api."""
     found, usable = conf.examine()
     errors: list[checks.CheckMessage] = [
         checks.Error(p.message, hint=p.hint, id="django_jobqueue.E001") for p in found
@@ -33,6 +34,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         checks.Error(message, id="django_jobqueue.E004")
         for message in conf.dynamic_limit_problems(usable)
     ]
+    if usable.opentelemetry is not False and not telemetry.installed():
+        errors.append(
+            checks.Warning(
+                "JOBQUEUE['OPENTELEMETRY'] is on, but opentelemetry-api is not installed: "
+                "nothing is traced or measured.",
+                hint="pip install 'django-jobqueue[otel]', or turn the setting off.",
+                id="django_jobqueue.W006",
+            )
+        )
     return errors
 
 

@@ -73,6 +73,9 @@ class JobQueueSettings:
     # final state -> age ("7d", seconds, a timedelta) after which workers delete such jobs;
     # a state left out, or None, is kept forever
     retention: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # traces and metrics through the application's OpenTelemetry providers (telemetry/): True,
+    # or a dict of TELEMETRY_OPTIONS; False (the default) imports nothing of OpenTelemetry
+    opentelemetry: bool | dict[str, Any] = False
 
     def retention_ages(self) -> dict[str, dt.timedelta]:
         """The states RETENTION prunes, with their ages."""
@@ -438,6 +441,53 @@ def _retention(conf: JobQueueSettings) -> Iterator[Problem]:
                 yield Problem("RETENTION", f"JOBQUEUE['RETENTION'][{state!r}]: {exc}", (state,))
 
 
+# The options JOBQUEUE["OPENTELEMETRY"] takes as a dict, with their defaults: whether to trace,
+# whether to record metrics, and the seconds between two reads of the queue gauges.
+TELEMETRY_OPTIONS: dict[str, Any] = {"TRACES": True, "METRICS": True, "GAUGE_INTERVAL": 5.0}
+
+
+def telemetry_options(value: bool | dict[str, Any]) -> dict[str, Any] | None:
+    """The options of an OPENTELEMETRY setting (checked), or None when it is off."""
+    if value is False:
+        return None
+    return {**TELEMETRY_OPTIONS, **(value if isinstance(value, dict) else {})}
+
+
+def _telemetry(conf: JobQueueSettings) -> Iterator[Problem]:
+    """OPENTELEMETRY: True, False, or a dict of TELEMETRY_OPTIONS."""
+    value = conf.opentelemetry
+    if isinstance(value, bool):
+        return
+    known = ", ".join(TELEMETRY_OPTIONS)
+    if not isinstance(value, dict):
+        yield Problem(
+            "OPENTELEMETRY",
+            f"JOBQUEUE['OPENTELEMETRY'] must be True, False or a dict of options ({known}).",
+        )
+        return
+    for key, option in value.items():
+        if key not in TELEMETRY_OPTIONS:
+            yield Problem(
+                "OPENTELEMETRY",
+                f"JOBQUEUE['OPENTELEMETRY'] has an unknown option {key!r}; known: {known}.",
+                (key,),
+            )
+        elif key == "GAUGE_INTERVAL":
+            if not finite(option) or not 0 < option <= MAX_INTERVAL:
+                yield Problem(
+                    "OPENTELEMETRY",
+                    "JOBQUEUE['OPENTELEMETRY']['GAUGE_INTERVAL'] must be a positive number of "
+                    "seconds.",
+                    (key,),
+                )
+        elif not isinstance(option, bool):
+            yield Problem(
+                "OPENTELEMETRY",
+                f"JOBQUEUE['OPENTELEMETRY'][{key!r}] must be True or False.",
+                (key,),
+            )
+
+
 # In the order their problems are listed (after the unknown keys).
 SECTIONS: tuple[Callable[[JobQueueSettings], Iterable[Problem]], ...] = (
     _times,
@@ -447,6 +497,7 @@ SECTIONS: tuple[Callable[[JobQueueSettings], Iterable[Problem]], ...] = (
     _limits,
     _schedules,
     _retention,
+    _telemetry,
 )
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
-from . import events, fanout, validation
+from . import events, fanout, telemetry, validation
 from .exceptions import (
     InvalidJobError,
     LeaseLost,
@@ -311,6 +311,13 @@ class Work:
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def __call__(self) -> Any:
+        hooks = telemetry.active
+        if hooks is None:
+            return self._call()
+        with hooks.step(self.name, self.seq):
+            return self._call()
+
+    def _call(self) -> Any:
         ctx = self.ctx
         started = time.monotonic()
         with ctx._dialect.step_transaction():
@@ -321,7 +328,14 @@ class Work:
 
     async def awaited(self) -> Any:
         if not iscoroutinefunction(self.fn):
-            return await _in_thread(self)
+            return await _in_thread(self)  # its span is made there, in __call__
+        hooks = telemetry.active
+        if hooks is None:
+            return await self._awaited()
+        with hooks.step(self.name, self.seq):
+            return await self._awaited()
+
+    async def _awaited(self) -> Any:
         started = time.monotonic()
         value = self._stored(await self.fn(*self.args, **self.kwargs))
         record = (self.ctx, self.name, self.seq, value, time.monotonic() - started)

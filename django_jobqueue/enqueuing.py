@@ -14,7 +14,7 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from . import conf, limits, registry, sequences, signals, validation, wake, workflows
+from . import conf, limits, registry, sequences, signals, telemetry, validation, wake, workflows
 from .dialects import get_dialect
 from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
@@ -214,6 +214,8 @@ def _build(
     fields, delay = options.job_fields(settings, in_force or cached_in_force(settings))
     job = new_job(type=type, args=checked_args, **fields)
     job.run_after = delay if isinstance(delay, dt.datetime) else None
+    if telemetry.active is not None:  # its attempts continue the caller's trace
+        job.traceparent = telemetry.active.traceparent()
     return job, delay
 
 

@@ -159,19 +159,22 @@ def backlog(using: str, now: dt.datetime) -> list[MinuteSample] | None:
     minute = minute_of(now)
     if MinuteSample.objects.using(using).filter(minute=minute).exists():
         return None
-    jobs = Job.objects.using(using).filter(state=Job.State.READY)
-    # One pass over the ready rows: their number and their oldest wait, per queue (a ready
-    # row's updated_at is when it began to wait: see stats.oldest_ready).
-    per_queue = jobs.order_by().values_list("queue").annotate(n=Count("pk"), at=Min("updated_at"))
     return [
-        MinuteSample(
-            minute=minute,
-            queue=queue,
-            ready=count,
-            oldest_ready=max(0.0, (now - at).total_seconds()) if at else None,
-        )
-        for queue, count, at in per_queue
+        MinuteSample(minute=minute, queue=queue, ready=count, oldest_ready=oldest)
+        for queue, (count, oldest) in ready_per_queue(using, now).items()
     ] or [MinuteSample(minute=minute, queue="", ready=0, oldest_ready=None)]
+
+
+def ready_per_queue(using: str, now: dt.datetime) -> dict[str, tuple[int, float | None]]:
+    """{queue: (ready jobs, seconds its oldest ready job has waited by `now`)}, the queues
+    with ready jobs only: one pass over the ready rows (a ready row's updated_at is when it
+    began to wait: see stats.oldest_ready)."""
+    jobs = Job.objects.using(using).filter(state=Job.State.READY)
+    per_queue = jobs.order_by().values_list("queue").annotate(n=Count("pk"), at=Min("updated_at"))
+    return {
+        queue: (count, max(0.0, (now - at).total_seconds()) if at else None)
+        for queue, count, at in per_queue
+    }
 
 
 def store_sample(using: str, rows: list[MinuteSample]) -> None:

@@ -160,6 +160,12 @@ class Job(models.Model):
     # 1 while the job is not final, NULL once it is: (unique_key, unique_slot) is unique, and
     # NULLs never collide, so a key is held by at most one unfinished job on every database.
     unique_slot = models.SmallIntegerField(null=True, blank=True, default=1, editable=False)
+    # The W3C traceparent of the span that enqueued it, when JOBQUEUE["OPENTELEMETRY"] is on
+    # (telemetry/): its attempts' spans continue that trace. NULL otherwise (no bytes in the
+    # row, and what the inserts of a release before it leave), so not "" as Django prefers.
+    traceparent = models.CharField(  # noqa: DJ001
+        _("trace parent"), max_length=55, null=True, blank=True, editable=False
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)  # latest attempt

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 
-from . import leases, signals, suspensions
+from . import leases, signals, suspensions, telemetry
 from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_plan
 from .conf import JobQueueSettings
 from .dialects import Dialect
@@ -213,6 +213,8 @@ def _recorded(
     if not logged and (state is None or logger.isEnabledFor(logging.DEBUG)):
         log_outcome(outcome, state)
     send_outcome_signals(outcome, state)  # committed: receivers see what they are told
+    if telemetry.active is not None:
+        telemetry.active.recorded(outcome, state)
     outcome.flight.recorded = True
     on_recorded(outcome, state)
 

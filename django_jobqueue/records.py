@@ -35,6 +35,7 @@ CLAIM_FIELDS = (
     "has_steps",
     "created_at",
     "run_after",
+    "traceparent",
     *_NOT_IN_MODEL,
 )
 
@@ -67,6 +68,7 @@ class ClaimedJob:
     has_steps: bool
     created_at: dt.datetime | None
     run_after: dt.datetime | None
+    traceparent: str | None
     has_dependents: bool
     has_children: bool
 
@@ -93,6 +95,7 @@ class ClaimedJob:
             self.has_steps,
             self.created_at,
             self.run_after,
+            self.traceparent,
             self.has_dependents,
             self.has_children,
         ) = values

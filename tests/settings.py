@@ -141,3 +141,10 @@ if os.environ.get("JOBQUEUE_TEST_RETENTION"):
 # JOBQUEUE["OPEN_CONTAINER_TIMEOUT"] for worker subprocesses, in seconds (tests of open containers).
 if os.environ.get("JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"):
     JOBQUEUE["OPEN_CONTAINER_TIMEOUT"] = float(os.environ["JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"])
+# Worker subprocesses of the telemetry tests: traces and metrics on, through an SDK that writes
+# spans, metrics and log records to files of this directory (tests/otel_support.py).
+if os.environ.get("JOBQUEUE_TEST_OTEL"):
+    from tests.otel_support import to_files
+
+    to_files(Path(os.environ["JOBQUEUE_TEST_OTEL"]))
+    JOBQUEUE["OPENTELEMETRY"] = {"GAUGE_INTERVAL": 0.5}

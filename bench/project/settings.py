@@ -77,3 +77,13 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 # BENCH_SYNC_CALL_THREADS=16: SYNC_CALL_THREADS for the workers (bench/async_io.py --orm).
 if os.environ.get("BENCH_SYNC_CALL_THREADS"):
     JOBQUEUE["SYNC_CALL_THREADS"] = int(os.environ["BENCH_SYNC_CALL_THREADS"])
+# BENCH_OTEL=on|traces|metrics: the workers trace and/or measure through an SDK that samples
+# every span and exports to nothing (bench/otel.py); BENCH_OTEL_SDK=1: the same SDK without the
+# setting (its producer).
+_otel = os.environ.get("BENCH_OTEL", "off")
+if _otel != "off" or os.environ.get("BENCH_OTEL_SDK") == "1":
+    from bench.project.otel_sdk import install
+
+    install()
+    if _otel != "off":
+        JOBQUEUE["OPENTELEMETRY"] = {"TRACES": _otel != "metrics", "METRICS": _otel != "traces"}

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobqueue', '0021_map'),
+        ('django_jobqueue', '0022_traceparent'),
     ]
 
     operations = [

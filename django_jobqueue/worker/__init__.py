@@ -37,7 +37,7 @@ from types import FrameType
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import attempts, leases, metrics, schedules, wake
+from .. import attempts, leases, metrics, schedules, telemetry, wake
 from .. import conf as conf_module
 from ..attempts import InFlight
 from ..dialects import get_dialect
@@ -51,6 +51,7 @@ from .dispatcher import Dispatcher
 from .duty import Duty
 from .executor import Executor
 from .flights import Flights
+from .gauges import Gauges
 from .heartbeat import Heartbeat
 from .housekeeper import Housekeeper
 from .listener import WakeListener
@@ -295,6 +296,17 @@ class JobWorker:
             )
         if ages := conf.retention_ages():
             house.append(Pruner(dialect, ages=ages, lock_timeout=lock_timeout))
+        hooks = telemetry.active
+        if hooks is not None and hooks.recording_metrics:
+            hooks.watch_leases(self.worker_id, self.flights.__len__)
+            house.append(
+                Gauges(
+                    dialect,
+                    worker_id=self.worker_id,
+                    interval=hooks.gauge_interval,
+                    lock_timeout=lock_timeout,
+                )
+            )
         housekeeper = Housekeeper(dialect, house, lock_timeout=lock_timeout)
         duties: list[Duty] = [heartbeat, completer, housekeeper]
         if conf.maintenance and dialect.maintains_tables:
@@ -334,6 +346,8 @@ class JobWorker:
             housekeeper.stop(timeout=recorder.lock_timeout + 5.0)
             # Stopped before the row is deleted: a beat after the delete would register it again.
             heartbeat.stop(timeout=heartbeat.lock_timeout + 5.0)
+            if hooks is not None:
+                hooks.watch_leases(self.worker_id, None)
             try:
                 heartbeat.unregister()
             except (DatabaseError, InterfaceError):

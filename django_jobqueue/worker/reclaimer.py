@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from .. import signals, workflows
+from .. import signals, telemetry, workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..dialects.functions import DbNow
@@ -37,6 +37,8 @@ from . import processes
 from .duty import Duty
 
 logger = logging.getLogger(__name__)
+# The error.type of a reclaimed attempt, in the OpenTelemetry metrics.
+LEASE_EXPIRED = f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}"
 
 GONE_KEPT = 3600.0  # seconds a gone worker's row stays on the Workers page
 
@@ -134,6 +136,9 @@ def reclaim_expired(
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
     if failed:
         _count_reclaimed(dialect, Counter(str(row[3]) for row, _ in failed))
+    if failed and telemetry.active is not None:
+        for row, state in failed:
+            telemetry.active.failed(row[-3], row[-2], state, LEASE_EXPIRED)
     if failed and (signals.connected(signals.job_failed) or signals.connected(signals.job_dead)):
         for row, state in failed:
             pk, attempts, _, holder, *_, job_type, queue, group = row

@@ -176,6 +176,7 @@ from . import (  # noqa: E402
     fanout_jobs,  # noqa: F401 - registers the fan-out tests' handlers
     limit_jobs,  # noqa: F401 - registers the quota limits' handlers
     name_jobs,  # noqa: F401 - registers the bad names' handlers
+    otel_jobs,  # noqa: F401 - registers the telemetry tests' handlers
     sequence_jobs,  # noqa: F401 - registers the sequences' handlers
     signal_log,  # noqa: F401 - signal receivers, when the environment asks
     testing_jobs,  # noqa: F401 - registers the handlers of the testing helpers' tests
