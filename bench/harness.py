@@ -53,6 +53,7 @@ def reset() -> None:
         JobDependency,
         JobEvent,
         JobMap,
+        JobSequence,
         JobStep,
         JobWait,
         Limit,
@@ -61,7 +62,7 @@ def reset() -> None:
         Worker,
     )
 
-    models = (JobStep, JobWait, JobMap, JobEvent, JobDependency, Job, Worker)
+    models = (JobStep, JobWait, JobMap, JobEvent, JobDependency, Job, JobSequence, Worker)
     models += (Limit, LimitSetting, ResourceStart)
     tables = [m._meta.db_table for m in models]
     with connection.cursor() as cursor:

@@ -8,8 +8,9 @@ claims of 10 of queue `p` are timed, each its own transaction as the dispatcher 
 claimed jobs finish five claims later, outside the timed part. The claim never reads a
 sequence (a held job is `waiting`, out of the ready index), so the ratio says what 10,000
 more ready rows of another queue cost it. `mixed_ms` times claims of every queue in the
-`sequences` case (heads claimed too). `enqueue_ms_per_job` is the enqueue of a sequenced job
-(each locks its sequence's row) through enqueue_many, against `plain_enqueue_ms_per_job`.
+`sequences` case (heads claimed too). `enqueue_many_ratio` and `enqueue_ratio` are the cost of
+enqueuing into sequences (each job locks its sequence's row) against the same enqueues without
+one, through enqueue_many and enqueue (see `enqueue_costs`).
 
 The issue's target: `ratio` <= 2. The cases run side by side, `--rounds` times (3); each figure
 is the median over the rounds, the ratio the median of the rounds' own ratios.
@@ -29,33 +30,65 @@ ROUNDS = 3
 BATCH = 10
 FINISH_AFTER = 5
 OTHERS = 20_000
+MANY = 5000
+SINGLES = 300
 
 
-def fill(sequences: int) -> dict[str, float]:
-    """Enqueue the other jobs, and two jobs in each of `sequences` sequences; return the
-    enqueue's ms per job of each kind."""
+def fill(sequences: int) -> None:
+    """Enqueue the other jobs, and two jobs in each of `sequences` sequences."""
     from django.db import transaction
 
     import django_jobqueue as jobqueue
 
     plain = [{"type": "bench.noop", "queue": "p", "args": {"i": i}} for i in range(OTHERS)]
-    started = time.perf_counter()
-    for chunk in range(0, len(plain), 5000):
-        with transaction.atomic():
-            jobqueue.enqueue_many(plain[chunk : chunk + 5000])
-    figures = {"plain_enqueue_ms_per_job": (time.perf_counter() - started) * 1000 / OTHERS}
-    if sequences:
-        specs = [
-            {"type": "bench.noop", "queue": "s", "args": {"s": s}, "sequence": f"account:{s}"}
-            for _ in range(2)
-            for s in range(sequences)
-        ]
-        started = time.perf_counter()
-        for chunk in range(0, len(specs), 5000):
+    specs = [
+        {"type": "bench.noop", "queue": "s", "args": {"s": s}, "sequence": f"account:{s}"}
+        for _ in range(2)
+        for s in range(sequences)
+    ]
+    for batch in (plain, specs):
+        for chunk in range(0, len(batch), 5000):
             with transaction.atomic():
-                jobqueue.enqueue_many(specs[chunk : chunk + 5000])
-        figures["enqueue_ms_per_job"] = (time.perf_counter() - started) * 1000 / len(specs)
+                jobqueue.enqueue_many(batch[chunk : chunk + 5000])
     harness.analyze()
+
+
+def enqueue_costs() -> dict[str, float]:
+    """The ms per job of enqueues into sequences, against the same enqueues without one.
+
+    `enqueue_many`: MANY jobs in one call, two in each of MANY / 2 new sequences. `enqueue`:
+    SINGLES jobs one call (and transaction) each, into SINGLES / 10 sequences. Each pair runs
+    side by side on the same table.
+    """
+    import django_jobqueue as jobqueue
+
+    harness.reset()
+
+    def many(sequenced: bool, base: int) -> None:
+        jobqueue.enqueue_many(
+            [
+                {"type": "bench.noop", "queue": "e", "args": {"i": i}}
+                | ({"sequence": f"bulk:{base + i % (MANY // 2)}"} if sequenced else {})
+                for i in range(MANY)
+            ]
+        )
+
+    def singles(sequenced: bool, base: int) -> None:
+        for i in range(SINGLES):
+            sequence = f"one:{base + i % (SINGLES // 10)}" if sequenced else None
+            jobqueue.enqueue("bench.noop", {"i": i}, queue="e", sequence=sequence)
+
+    figures: dict[str, float] = {}
+    for name, func, count in (("enqueue_many", many, MANY), ("enqueue", singles, SINGLES)):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for turn in range(4):  # plain, sequenced, sequenced, plain: drift cancels out
+            for sequenced in (False, True) if turn % 2 == 0 else (True, False):
+                started = time.perf_counter()
+                func(sequenced, turn * MANY)
+                times[sequenced].append((time.perf_counter() - started) * 1000 / count)
+        figures[f"{name}_plain_ms_per_job"] = statistics.median(times[False])
+        figures[f"{name}_sequenced_ms_per_job"] = statistics.median(times[True])
+        figures[f"{name}_ratio"] = statistics.median(times[True]) / statistics.median(times[False])
     return figures
 
 
@@ -87,8 +120,8 @@ def timed_claims(queues: list[str]) -> float:
 
 def run(sequences: int) -> dict[str, float]:
     harness.reset()
-    figures = fill(sequences)
-    figures["claim_ms"] = timed_claims(["p"])
+    fill(sequences)
+    figures = {"claim_ms": timed_claims(["p"])}
     if sequences:
         figures["mixed_ms"] = timed_claims([])
     return figures
@@ -100,10 +133,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     opts = parser.parse_args()
     harness.setup()
-    none, some = [], []
+    none, some, costs = [], [], []
     for _ in range(opts.rounds):
         none.append(run(0))
         some.append(run(opts.sequences))
+        costs.append(enqueue_costs())
     ratios = [s["claim_ms"] / n["claim_ms"] for n, s in zip(none, some, strict=True)]
 
     def median(rows: list[dict[str, float]], key: str) -> float:
@@ -119,8 +153,7 @@ def main() -> None:
             "ratio": statistics.median(ratios),
             "ratios": [round(r, 2) for r in ratios],
             "mixed_ms": median(some, "mixed_ms"),
-            "enqueue_ms_per_job": median(some, "enqueue_ms_per_job"),
-            "plain_enqueue_ms_per_job": median(none, "plain_enqueue_ms_per_job"),
+            **{key: median(costs, key) for key in costs[0]},
         },
     )
     harness.reset()

@@ -303,6 +303,7 @@ def _write(
             # lock busy past the busy timeout): nothing was written then, so a retry is safe.
             get_dialect(using).run_statement(lambda: job.save(using=using, force_insert=True))
     else:
+        dialect = get_dialect(using)
 
         def txn() -> Job | None:
             """Write the job and its edges; return the holder of its unique key instead."""
@@ -311,7 +312,7 @@ def _write(
             states = _check_refs(using, upstream_ids, parent_id, lock=True, spawning=spawning)
             waiting = any(s != Job.State.DONE for s in states.values())
             # Its sequence's row is locked before the INSERT: ids rise in enqueue order.
-            head = job.sequence is not None and sequences.join(get_dialect(using), job.sequence)
+            head = job.sequence is not None and bool(sequences.join(dialect, [job.sequence]))
             held = job.sequence is not None and not head
             job.state = Job.State.WAITING if waiting or held else runnable
             if job.unique_key is not None:
@@ -321,7 +322,7 @@ def _write(
             else:
                 job.save(using=using, force_insert=True)
             if head:
-                sequences.make_head(get_dialect(using), str(job.sequence), job.pk)
+                sequences.make_heads(dialect, {str(job.sequence): job.pk})
             JobDependency.objects.using(using).bulk_create(
                 JobDependency(job_id=job.pk, depends_on_id=u) for u in upstream_ids
             )
@@ -331,7 +332,7 @@ def _write(
                 # (nothing would ever cancel or promote it): it is cancelled at once in that
                 # job's name, as it would have been had it existed then, so that retrying
                 # that job revives it.
-                workflows.cancel_blocked(get_dialect(using), [job.pk])
+                workflows.cancel_blocked(dialect, [job.pk])
                 job.refresh_from_db(using=using, fields=CANCEL_FIELDS)
             return None
 
@@ -339,7 +340,7 @@ def _write(
         # parent (the locked check raises) leaves that transaction usable. In its own
         # transaction, it is retried whole when the database breaks a deadlock (the rows
         # locked here are locked by workers too, in other orders).
-        existing = get_dialect(using).run_in_caller_transaction(txn)
+        existing = dialect.run_in_caller_transaction(txn)
         if existing is not None:
             return existing
     if isinstance(delay, dt.timedelta):

@@ -178,8 +178,9 @@ class Graph:
                 ],
                 batch_size=1000,
             )
-            for job in heads.values():
-                sequences.make_head(get_dialect(using), str(job.sequence), int(job.pk))
+            sequences.make_heads(
+                get_dialect(using), {str(job.sequence): int(job.pk) for job in heads.values()}
+            )
             mark_dependents(using, external_up)
             if any(s in Job.FAILED_STATES for s in states.values()):
                 # Jobs downstream of an existing dead or cancelled job would wait forever:
@@ -221,7 +222,7 @@ class Graph:
         the jobs to be their heads: the first added of each sequence that has none."""
         keys = sorted({n.job.sequence for n in self._nodes if n.job.sequence is not None})
         dialect = get_dialect(using)
-        free = {key for key in keys if sequences.join(dialect, key)}
+        free = sequences.join(dialect, keys)
         heads: dict[int, Job] = {}
         for node in self._nodes:
             if node.job.sequence in free:

@@ -18,9 +18,9 @@ finished job's row when it moves its sequence on; enqueue locks upstream rows fi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import BigIntegerField, Case, Exists, OuterRef, Q, QuerySet, Value, When
 
 from .dialects import Dialect
 from .dialects.base import terminal_columns
@@ -33,16 +33,13 @@ _CHUNK = 500
 def lock(dialect: Dialect, key: str, *, create: bool) -> JobSequence | None:
     """Lock the row of sequence `key` until the transaction ends; make it first if `create`.
 
-    A concurrent insert of the same key waits for ours (or we for it) and then does nothing;
-    a row deleted meanwhile (its sequence ran empty) is made again.
+    A concurrent insert of the same key waits for ours (or we for it); a row deleted
+    meanwhile (its sequence ran empty) is made again.
     """
+    if create:
+        return JobSequence(key=key, head=dialect.lock_sequences([key])[key])
     rows = JobSequence.objects.using(dialect.using)
-    for _ in range(5):
-        row = dialect.lock_blocking(rows.filter(key=key)).first()
-        if row is not None or not create:
-            return row
-        rows.bulk_create([JobSequence(key=key)], ignore_conflicts=True)
-    raise RuntimeError(f"could not make or lock the row of sequence {key!r}")
+    return dialect.lock_blocking(rows.filter(key=key)).first()
 
 
 def _settle_locked(dialect: Dialect, row: JobSequence, *, keep_empty: bool) -> int | None:
@@ -83,19 +80,56 @@ def _settle_locked(dialect: Dialect, row: JobSequence, *, keep_empty: bool) -> i
     return row.head
 
 
-def join(dialect: Dialect, key: str) -> bool:
-    """Lock sequence `key` for a job about to join it; return whether it is to be the head.
+def join(dialect: Dialect, keys: Iterable[str]) -> set[str]:
+    """Lock sequences `keys` for jobs about to join them; return the keys without a head.
 
-    Call `make_head` once it is inserted when so; otherwise insert it `waiting` (held).
+    The first job to join each of those is to be its head (`make_heads` once inserted); the
+    others are inserted `waiting` (held). A few statements for any number of keys: the rows
+    are locked (made where missing) by one upsert per chunk, in key order, and their heads
+    checked by one read. A head neither unfinished nor blocking (pruned, say) is replaced
+    as `settle` would.
     """
-    row = lock(dialect, key, create=True)
-    assert row is not None
-    return _settle_locked(dialect, row, keep_empty=True) is None
+    keys = sorted(set(keys))
+    free: set[str] = set()
+    for start in range(0, len(keys), _CHUNK):
+        free |= _join_locked(dialect, dialect.lock_sequences(keys[start : start + _CHUNK]))
+    return free
 
 
-def make_head(dialect: Dialect, key: str, job_id: int) -> None:
-    """Record job `job_id` (inserted after `join` said so) as the head of sequence `key`."""
-    JobSequence.objects.using(dialect.using).filter(key=key).update(head=job_id)
+def _join_locked(dialect: Dialect, heads: dict[str, int | None]) -> set[str]:
+    """`join` for the locked sequences `heads` ({key: head})."""
+    jobs = Job.objects.using(dialect.using)
+    listed = [head for head in heads.values() if head is not None]
+    live: set[tuple[str | None, int]] = set()
+    if listed:
+        holding = Q(state__in=Job.UNFINISHED_STATES) | Q(state=Job.State.DEAD, sequence_blocks=True)
+        found = jobs.filter(pk__in=dialect.id_set(listed)).filter(holding)
+        live = set(found.values_list("sequence", "pk"))
+    unsure = [key for key, head in heads.items() if (key, head) not in live]
+    if not unsure:
+        return set()
+    # Rows made now, or left without a head: free, unless a job of theirs is unfinished.
+    found = jobs.filter(sequence__in=unsure, state__in=Job.UNFINISHED_STATES)
+    busy = {key for key in found.order_by().values_list("sequence", flat=True).distinct() if key}
+    for key in sorted(busy):
+        _settle_locked(dialect, JobSequence(key=key, head=heads[key]), keep_empty=True)
+    return set(unsure) - busy
+
+
+def make_heads(dialect: Dialect, heads: Mapping[str, int]) -> None:
+    """Record each job of `heads` ({key: id}, inserted after `join` said so) as the head of
+    its sequence."""
+    rows = JobSequence.objects.using(dialect.using)
+    items = sorted(heads.items())
+    for start in range(0, len(items), _CHUNK):
+        chunk = items[start : start + _CHUNK]
+        if len(chunk) == 1:
+            rows.filter(key=chunk[0][0]).update(head=chunk[0][1])
+            continue
+        whens = [When(key=key, then=Value(pk)) for key, pk in chunk]
+        rows.filter(key__in=[key for key, _ in chunk]).update(
+            head=Case(*whens, output_field=BigIntegerField())
+        )
 
 
 def settle(dialect: Dialect, keys: Iterable[str], *, create: bool = False) -> None:

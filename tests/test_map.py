@@ -14,7 +14,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.maps import check_concurrency, item_args
 from django_jobqueue.models import Job, JobMap, JobStep
-from django_jobqueue.testing import run_jobs
+from django_jobqueue.testing import RunawayJobsError, run_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -204,3 +204,16 @@ def test_cancelling_the_parent_cancels_the_held_children():
     run_jobs(queues="default")
     jobqueue.cancel(parent)
     assert {c.state for c in kids(row(parent))} == {Job.State.CANCELLED}
+
+
+def test_the_parents_admin_page_shows_the_maps_progress(admin_client):
+    parent = mapping(list(range(7)), concurrency=3, options={"queue": "kids"})
+    run_jobs(queues="default")  # it spawns and waits
+    with pytest.raises(RunawayJobsError):  # two children run, five are left
+        run_jobs(queues="kids", max_runs=2)
+    page = admin_client.get(f"/admin/django_jobqueue/job/{parent.pk}/change/").content.decode()
+    assert '<progress max="7" value="2"></progress> 2 / 7 children of map.square final' in page
+    assert "(3 running, at most 3 at once)" in page
+    run_jobs()
+    page = admin_client.get(f"/admin/django_jobqueue/job/{parent.pk}/change/").content.decode()
+    assert "7 / 7 children of map.square final</p>" in page

@@ -45,6 +45,11 @@ class MySQLDialect(Dialect):
         column = self.qn(value)
         return f"ON DUPLICATE KEY UPDATE {column} = {column} + VALUES({column})"
 
+    def _touch_on_conflict(self, key: str) -> str:
+        # ON DUPLICATE KEY UPDATE takes the existing row's exclusive lock at once, where
+        # INSERT IGNORE's shared one, upgraded by a later FOR UPDATE, deadlocks two joiners.
+        return "ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at)"
+
     def hinted_sql(self, sql: str, indexes: Sequence[str]) -> str:
         # Left to itself, the optimizer took the ready index (state, priority, id), whose
         # order is the claim's, for a read of one group's or one queue's ready jobs, and read

@@ -20,13 +20,15 @@ def step(
     fail_always: bool = False,
     sleep: float = 0.0,
     work: float = 0.0,
+    hang_once: float = 0.0,
 ) -> int:
     """Job number `n` of a sequence: fails its first attempt (`fail_once`) or every one, or
-    sleeps durably for `sleep` seconds, around `work` seconds of work."""
+    sleeps durably for `sleep` seconds, around `work` seconds of work (and `hang_once` more
+    in its first attempt, for a test to kill its worker in)."""
     mark(marker, f"start {n}")
     try:
-        if work:
-            time.sleep(work)
+        if work or (hang_once and ctx.attempt == 1):
+            time.sleep(work + (hang_once if ctx.attempt == 1 else 0.0))
         if fail_always or (fail_once and ctx.attempt == 1):
             raise RuntimeError(f"job {n} fails")
         if sleep:
