@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .budgets import Grant
     from .containers import container
     from .context import AsyncJobContext, JobContext
-    from .control import cancel, retry
+    from .control import cancel, retry, run_now
     from .enqueuing import aenqueue, enqueue
     from .events import asend_event, send_event
     from .graphs import Graph, enqueue_many, graph
@@ -75,6 +75,7 @@ __all__ = [
     "handler",
     "record_effect",
     "retry",
+    "run_now",
     "schedule",
     "send_event",
 ]
@@ -89,6 +90,7 @@ _LAZY = {
     "cancel": "control",
     "container": "containers",
     "retry": "control",
+    "run_now": "control",
     "Graph": "graphs",
     "Grant": "budgets",
     "enqueue_many": "graphs",

@@ -1,4 +1,5 @@
-"""Operator actions on existing jobs: cancel(), retry(), release_lease(), delete_finished().
+"""Operator actions on existing jobs: cancel(), retry(), run_now(), release_lease(),
+delete_finished().
 
 The Python API and the admin's actions both go through these; each checks, under the rows'
 locks, that what it does is still right (a lease still stuck, a job still finished).
@@ -225,6 +226,32 @@ def _clear(pk: int, later: QuerySet[JobStep], where: str) -> int:
         )
     deleted, _ = later.delete()
     return deleted
+
+
+def run_now(job: Job | int) -> bool:
+    """Make a `scheduled` job due now: it becomes `ready` at once.
+
+    Whatever held it back ends early: a delayed `run_after`, a retry's backoff, or a sleep of
+    its handler (`ctx.sleep` returns when the job resumes). Judged under the row's lock, so a
+    promoter or an operator acting at the same moment changes it once. Returns False when
+    the job is not `scheduled` (already due and promoted, running, finished, ...).
+    """
+    dialect = get_dialect(conf.get().database)
+    pk = _pk(job)
+
+    def txn() -> bool:
+        jobs = Job.objects.using(dialect.using)
+        row = dialect.lock_blocking(jobs.filter(pk=pk)).values_list("state", "queue").first()
+        if row is None:
+            raise InvalidJobError(f"Job {pk} does not exist.")
+        state, queue = row
+        if state != Job.State.SCHEDULED:
+            return False
+        jobs.filter(pk=pk).update(state=Job.State.READY, run_after=DbNow(), updated_at=DbNow())
+        workflows.notify_on_commit(dialect, {queue})
+        return True
+
+    return dialect.run_in_caller_transaction(txn)
 
 
 def owner_alive(owner: str | None, using: str | None = None) -> bool:

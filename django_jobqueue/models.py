@@ -177,6 +177,11 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        # The admin's job page actions that need more than the change permission.
+        permissions = [
+            ("send_event", _("Can send an event to a job that waits for one")),
+            ("run_now", _("Can make a scheduled job due now")),
+        ]
         indexes = [
             # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.
             ReadyIndex(fields=["-priority", "id"], name="jobqueue_job_ready"),

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, JobStep, MinuteCount
+from django_jobqueue.testing import run_jobs
 from tests.admin_support import url
 from tests.browser_support import log_in, watch_problems
 from tests.conftest import poll, wait_for_job
@@ -188,3 +189,46 @@ def test_long_work_tour(
     page.close()
     assert problems == []
     assert worker.stop() == 0
+
+
+def test_send_event_and_run_now_from_a_job_page(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+) -> None:
+    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    waiting = jobqueue.enqueue("durable.waiter", {"key": "approval:1"}, max_attempts=1)
+    later = jobqueue.enqueue("durable.sleeper", {"seconds": 3600})
+    run_jobs(ignore_delays=False)
+    assert Job.objects.get(pk=waiting.pk).state == Job.State.WAITING
+    assert Job.objects.get(pk=later.pk).state == Job.State.SCHEDULED
+
+    for width in (400, 1280):  # a phone, then a desktop: the form is usable on both
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        problems = watch_problems(page)
+        log_in(page, live_server.url, "ops", PASSWORD)
+        page.goto(live_server.url + url("job_change", waiting.pk))
+        form = page.locator("form.jq-send-event")
+        assert "approval:1" in form.inner_text()
+        assert page.locator("form.jq-run-now").count() == 0
+        if width == 400:
+            assert form.locator("textarea").is_visible() and form.locator("button").is_visible()
+            page.close()
+            assert problems == []
+            continue
+        form.locator("textarea").fill("{oops")
+        form.locator("button").click()
+        assert "the payload is not JSON" in page.locator("ul.messagelist").inner_text()
+        assert Job.objects.get(pk=waiting.pk).state == Job.State.WAITING
+        page.locator("form.jq-send-event textarea").fill('{"approved": true}')
+        page.locator("form.jq-send-event button").click()
+        assert "Sent event 'approval:1'" in page.locator("ul.messagelist").inner_text()
+        assert page.locator("form.jq-send-event").count() == 0  # it waits no more
+
+        page.goto(live_server.url + url("job_change", later.pk))
+        page.locator("form.jq-run-now button").click()
+        assert "is due now: it is ready" in page.locator("ul.messagelist").inner_text()
+        page.close()
+        assert problems == []
+    run_jobs(ignore_delays=False)
+    assert Job.objects.get(pk=waiting.pk).result == {"payload": {"approved": True}}
+    assert Job.objects.get(pk=later.pk).state == Job.State.DONE

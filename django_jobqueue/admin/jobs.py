@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 from .. import conf, containers, control, sequences
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, JobSequence, JobStep, Worker
-from . import argsearch, display, durable, filters, graph, rollup, timeline
+from . import argsearch, display, durable, filters, graph, page_actions, rollup, timeline
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -165,16 +165,29 @@ class JobAdmin(JobPagesAdmin):
             "job_actions": offered,
             "retry_steps": steps,
             "live_every": LIVE_EVERY if live else None,
+            **page_actions.context(request, job),
             **(extra_context or {}),
         }
         return super().change_view(request, object_id, form_url, context)
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view(self.retry_from_step_view)
+        send = self.admin_site.admin_view(self.send_event_view)
+        run_now = self.admin_site.admin_view(self.run_now_view)
         own = [
-            path("<path:object_id>/retry-from-step/", view, name="django_jobqueue_job_retry_step")
+            path("<path:object_id>/retry-from-step/", view, name="django_jobqueue_job_retry_step"),
+            path("<path:object_id>/send-event/", send, name="django_jobqueue_job_send_event"),
+            path("<path:object_id>/run-now/", run_now, name="django_jobqueue_job_run_now"),
         ]
         return own + super().get_urls()
+
+    def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: send the event the job waits for (permission `send_event`)."""
+        return page_actions.send_event_view(self, request, object_id)
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: make a scheduled job due now (permission `run_now`)."""
+        return page_actions.run_now_view(self, request, object_id)
 
     def retry_from_step_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: retry a dead or cancelled job, keeping its steps up to the chosen one."""
