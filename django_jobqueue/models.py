@@ -390,8 +390,11 @@ class Worker(models.Model):
     host = models.CharField(_("host"), max_length=255)
     pid = models.IntegerField(_("pid"))
     # Who its process is on its host (worker/processes.py): a worker of the same host proves
-    # it gone by it. "" where it cannot be told, and in the rows of older releases.
-    process_key = models.CharField(_("process"), max_length=255, blank=True, default="")
+    # it gone by it. "" where it cannot be told, and in the rows of older releases (which
+    # register rows without it: db_default, for rolling deploys).
+    process_key = models.CharField(
+        _("process"), max_length=255, blank=True, default="", db_default=""
+    )
     queues = models.JSONField(_("queues"), default=list)
     concurrency = models.IntegerField(_("concurrency"))
     started_at = models.DateTimeField(_("started"))
@@ -406,7 +409,8 @@ class Worker(models.Model):
     # When it stopped or was found dead (NULL while live), and how many of its jobs were taken
     # back by a reclaimer (a clean stop leaves none).
     gone_at = models.DateTimeField(_("gone at"), null=True, blank=True)
-    jobs_reclaimed = models.IntegerField(_("jobs reclaimed"), default=0)
+    # db_default: the workers of the release before register rows without it (rolling deploys).
+    jobs_reclaimed = models.IntegerField(_("jobs reclaimed"), default=0, db_default=0)
 
     objects = WorkerQuerySet.as_manager()
 

@@ -30,6 +30,14 @@ from .models import Job, JobSequence
 _CHUNK = 500
 
 
+def _chunk(dialect: Dialect) -> int:
+    """Sequences per statement that takes 3 parameters a sequence (the upsert, the heads'
+    CASE): _CHUNK, or fewer where the database allows fewer parameters (an SQLite built with
+    the old limit of 999)."""
+    most = dialect.connection.features.max_query_params or 65535
+    return max(1, min(_CHUNK, most // 3 - 1))
+
+
 def lock(dialect: Dialect, key: str, *, create: bool) -> JobSequence | None:
     """Lock the row of sequence `key` until the transaction ends; make it first if `create`.
 
@@ -91,8 +99,9 @@ def join(dialect: Dialect, keys: Iterable[str]) -> set[str]:
     """
     keys = sorted(set(keys))
     free: set[str] = set()
-    for start in range(0, len(keys), _CHUNK):
-        free |= _join_locked(dialect, dialect.lock_sequences(keys[start : start + _CHUNK]))
+    size = _chunk(dialect)
+    for start in range(0, len(keys), size):
+        free |= _join_locked(dialect, dialect.lock_sequences(keys[start : start + size]))
     return free
 
 
@@ -121,8 +130,9 @@ def make_heads(dialect: Dialect, heads: Mapping[str, int]) -> None:
     its sequence."""
     rows = JobSequence.objects.using(dialect.using)
     items = sorted(heads.items())
-    for start in range(0, len(items), _CHUNK):
-        chunk = items[start : start + _CHUNK]
+    size = _chunk(dialect)
+    for start in range(0, len(items), size):
+        chunk = items[start : start + size]
         if len(chunk) == 1:
             rows.filter(key=chunk[0][0]).update(head=chunk[0][1])
             continue

@@ -37,3 +37,27 @@ def test_a_job_of_a_newer_release_waits_for_a_worker_that_has_its_handler(start_
     assert (done.state, done.result, done.attempts) == (Job.State.DONE, "new", 1)
     assert old.stop() == 0
     assert new.stop() == 0
+
+
+@pytest.mark.django_db
+def test_a_worker_of_the_release_before_registers_after_the_migrations():
+    """Migrated first, as the deployment guide says: a worker still on the release before
+    registers its row with the columns it knows, and the columns added since take their
+    database defaults (process_key "", gone_at NULL, jobs_reclaimed 0): a live row."""
+    from django.utils import timezone
+
+    from django_jobqueue.models import Worker
+
+    table = connection.ops.quote_name(Worker._meta.db_table)
+    known = ["id", "host", "pid", "queues", "concurrency", "started_at", "heartbeat_at",
+             "lease_ttl", "expires_at", "job_ids", "handlers", "handler_versions"]  # fmt: skip
+    at = connection.ops.adapt_datetimefield_value(timezone.now())
+    values = ["old-1", "host", 1, "[]", 4, at, at, 30.0, at, "[]", "[]", "{}"]
+    columns = ", ".join(connection.ops.quote_name(c) for c in known)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(known))})", values
+        )
+    row = Worker.objects.get(pk="old-1")
+    assert (row.process_key, row.gone_at, row.jobs_reclaimed) == ("", None, 0)
+    assert Worker.objects.live().filter(pk="old-1").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 
 import django_jobqueue as jobqueue
@@ -246,3 +247,28 @@ def sequences_slot():
     import datetime as dt
 
     return dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's limit of parameters")
+def test_many_sequences_in_one_call_fit_an_sqlite_of_999_parameters():
+    """An SQLite built with the old limit (999 parameters, before 3.32) still takes 400
+    sequences in one enqueue_many(): the rows are locked, and their heads set, in chunks the
+    limit allows (each sequence takes 3 parameters)."""
+    import sqlite3
+
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    connection.features.__dict__.pop("max_query_params", None)  # read again
+    try:
+        assert connection.features.max_query_params == 999
+        jobs = jobqueue.enqueue_many(
+            [{"type": "test.noop", "sequence": f"account:{n}"} for n in range(400)]
+        )
+        assert JobSequence.objects.count() == 400
+        heads = set(JobSequence.objects.values_list("head", flat=True))
+        assert heads == {job.pk for job in jobs}
+    finally:
+        raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+        connection.features.__dict__.pop("max_query_params", None)

@@ -16,6 +16,7 @@ Each clause is a JSON key lookup of the ORM (PostgreSQL `->`, MySQL and SQLite
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -77,19 +78,34 @@ def _values(raw: str, clause: str) -> list[Any]:
             text = str(json.loads(raw))
         except ValueError:
             raise SearchError(f"Bad quoted string in {clause!r}.") from None
+        if "\x00" in text:  # no database's JSON holds it (PostgreSQL's jsonb refuses it)
+            raise SearchError(f"A NUL character cannot be searched for ({clause!r}).")
     elif raw in LITERALS:
         return [LITERALS[raw]]
     else:
         text = raw
     try:
-        number = json.loads(text)
+        # NaN, Infinity and numbers beyond a float (1e400) are text here: JSON has no such
+        # number, and a database would refuse the value.
+        number = json.loads(text, parse_constant=_not_a_number)
     except ValueError:
         return [text]
-    if isinstance(number, int | float) and not isinstance(number, bool):
+    if _a_number(number):
         # The number, or the same text stored as a string, quoted or not: MySQL compares a
         # key's value unquoted (42 = "42"), and every database answers alike this way.
         return [number, text]
     return [text]
+
+
+def _a_number(value: Any) -> bool:
+    """A number every database's JSON holds: finite, and an integer within 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (isinstance(value, float) or abs(value) < 2**63)
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(name)
 
 
 def filtered(jobs: QuerySet[Job], clauses: list[tuple[list[str], list[Any]]]) -> QuerySet[Job]:

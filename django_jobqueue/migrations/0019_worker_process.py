@@ -10,6 +10,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="worker",
             name="process_key",
-            field=models.CharField(blank=True, default="", max_length=255, verbose_name="process"),
+            field=models.CharField(
+                blank=True, db_default="", default="", max_length=255, verbose_name="process"
+            ),
         ),
     ]

@@ -18,6 +18,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='worker',
             name='jobs_reclaimed',
-            field=models.IntegerField(default=0, verbose_name='jobs reclaimed'),
+            field=models.IntegerField(db_default=0, default=0, verbose_name='jobs reclaimed'),
         ),
     ]

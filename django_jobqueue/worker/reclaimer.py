@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models import F, QuerySet
 
 from .. import signals, telemetry, workflows
@@ -134,8 +135,6 @@ def reclaim_expired(
     moved = dialect.run_in_transaction(txn)
     for pk, state in moved:
         logger.warning("Reclaimed expired lease of job id=%s -> %s", pk, state)
-    if failed:
-        _count_reclaimed(dialect, Counter(str(row[3]) for row, _ in failed))
     if failed and telemetry.active is not None:
         for row, state in failed:
             telemetry.active.failed(row[-3], row[-2], state, LEASE_EXPIRED)
@@ -148,6 +147,8 @@ def reclaim_expired(
             signals.send(signals.job_failed, **about, error=exc, state=state)
             if state == Job.State.DEAD:
                 signals.send(signals.job_dead, **about, error=exc)
+    if failed:
+        _count_reclaimed(dialect, Counter(str(row[3]) for row, _ in failed))
     return moved
 
 
@@ -266,6 +267,8 @@ def _count_reclaimed(dialect: Dialect, by_owner: Counter[str]) -> None:
 
     After the reclaim's commit, in a transaction of its own: the reclaim locks job rows, and
     `reclaim_dead_worker` writes a worker row before job rows; the two never wait in a circle.
+    A count is only shown, never relied on: one that cannot be written (a lost connection,
+    contention) is logged and left, after the reclaim's signals were sent.
     """
     workers = Worker.objects.using(dialect.using)
 
@@ -273,7 +276,10 @@ def _count_reclaimed(dialect: Dialect, by_owner: Counter[str]) -> None:
         for owner, n in sorted(by_owner.items()):
             workers.filter(pk=owner).update(jobs_reclaimed=F("jobs_reclaimed") + n)
 
-    dialect.run_in_transaction(txn)
+    try:
+        dialect.run_in_transaction(txn)
+    except DatabaseError as exc:
+        logger.warning("Could not count the jobs reclaimed from %s: %s", sorted(by_owner), exc)
 
 
 def _stale_workers(dialect: Dialect, stale_after: float) -> QuerySet[Worker]:
@@ -306,7 +312,8 @@ def sweep_workers(dialect: Dialect, *, stale_after: float) -> int:
     ]
     if not doomed:
         return 0
-    live = Worker.objects.using(dialect.using).live().filter(pk__in=doomed)
+    # Still stale as it is marked: a worker that beat since the read above keeps its row.
+    live = _stale_workers(dialect, stale_after).filter(pk__in=doomed)
     return live.update(gone_at=DbNow(), expires_at=DbNow(), job_ids=[])
 
 

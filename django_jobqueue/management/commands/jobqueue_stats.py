@@ -135,7 +135,7 @@ def render(figures: dict[str, Any]) -> list[str]:
         f"Leases: {leases['in_flight']} in flight; {leases['expired']} ran out and await a "
         f"reclaimer, {leases['expired_stale']} of them for over a lease TTL",
         f"Workers: {workers['live']} live, {workers['stale']} stale, "
-        f"{workers['gone']} gone in the last hour",
+        f"{workers['gone']} gone (kept an hour)",
         f"Throughput: {throughput['finished_per_minute']} finished/min over the last "
         f"{throughput['minutes']} min",
     ]
