@@ -5,6 +5,11 @@ beside many suspended jobs.
 
 - `restart`: a job of 20 pieces of 0.1 s, its worker killed (SIGKILL) in piece 19; the time
   from its next claim to its end, as durable steps against plain calls (about 1/20).
+- `recovery`: the peers' protocol for a crash (`../shared/bench-peers/DURABLE-PEERS.md`): a
+  job of 20 durable steps of 0.1 s, its worker's process group killed (SIGKILL, the worker and
+  its watchdog) in step 19, with the default `LEASE_TTL` (30 s); the seconds from the start of
+  a new worker on the same host to the job's end (the new worker proves the old process gone
+  and reclaims at once, `leases.md`, "How long recovery takes").
 - `step_cost`: a step of a no-op function (its record, fenced by the lease, in its own
   transaction) against one `enqueue()` (target: below 2x).
 - `sleep_drain`: the drain rate of jobs that each sleep once (suspend for 50 ms, resume)
@@ -49,6 +54,31 @@ def restart(durable: bool) -> float:
         harness.wait_until(lambda: Job.objects.get(pk=job.pk).attempts == 2, 60, 0.005)
         started = time.perf_counter()
         harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "done", 60, 0.005)
+        return time.perf_counter() - started
+    finally:
+        harness.stop_workers(second)
+
+
+def recovery() -> float:
+    """Seconds from a new worker's start to the end of a 20-step job whose worker was killed
+    in step 19, at the default lease TTL."""
+    import django_jobqueue as jobqueue
+    from django_jobqueue.models import Job
+
+    harness.reset()
+    job = jobqueue.enqueue("bench.steps", {"count": 20, "seconds": 0.1, "durable": True})
+    [first] = harness.start_workers(1, ["--poll-interval", "0.05"])
+    try:
+        harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "running", 60, 0.005)
+        time.sleep(1.85)  # inside step 19 (of 0.1 s each)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        harness.stop_workers([first])
+    started = time.perf_counter()
+    second = harness.start_workers(1, ["--poll-interval", "0.05"])
+    try:
+        harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "done", 120, 0.005)
         return time.perf_counter() - started
     finally:
         harness.stop_workers(second)
@@ -147,6 +177,7 @@ def main() -> None:
     plain, stepped = restart(durable=False), restart(durable=True)
     harness.report("durable_restart", {"plain_s": plain, "steps_s": stepped,
                                        "ratio": stepped / plain})  # fmt: skip
+    harness.report("durable_recovery", {"restart_to_done_s": recovery()})
     harness.report("durable_step_cost", step_cost())
     plain_rate = drain("bench.noop", opts.jobs)
     sleeping_rate = drain("bench.sleep_once", opts.jobs)
