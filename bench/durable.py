@@ -33,15 +33,15 @@ from .claim_cost import claim_cost
 KILL_LEASE = ["--lease-ttl", "2", "--heartbeat-interval", "0.5", "--poll-interval", "0.05"]
 
 
-def restart(durable: bool) -> float:
-    """Seconds from the reclaimed job's new claim to its end, its first worker killed in
-    piece 19 of 20."""
+def killed_in_step_19(durable: bool, args: list[str]) -> int:
+    """Enqueue a job of 20 pieces of 0.1 s (durable steps, or plain calls), start a worker
+    with `args`, and kill its process group (SIGKILL) inside piece 19; return the job's id."""
     import django_jobqueue as jobqueue
     from django_jobqueue.models import Job
 
     harness.reset()
     job = jobqueue.enqueue("bench.steps", {"count": 20, "seconds": 0.1, "durable": durable})
-    [first] = harness.start_workers(1, KILL_LEASE)
+    [first] = harness.start_workers(1, args)
     try:
         harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "running", 60, 0.005)
         time.sleep(1.85)  # inside piece 19 (of 0.1 s each)
@@ -49,11 +49,20 @@ def restart(durable: bool) -> float:
         first.wait(10)
     finally:
         harness.stop_workers([first])
+    return job.pk
+
+
+def restart(durable: bool) -> float:
+    """Seconds from the reclaimed job's new claim to its end, its first worker killed in
+    piece 19 of 20."""
+    from django_jobqueue.models import Job
+
+    pk = killed_in_step_19(durable, KILL_LEASE)
     second = harness.start_workers(1, KILL_LEASE)
     try:
-        harness.wait_until(lambda: Job.objects.get(pk=job.pk).attempts == 2, 60, 0.005)
+        harness.wait_until(lambda: Job.objects.get(pk=pk).attempts == 2, 60, 0.005)
         started = time.perf_counter()
-        harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "done", 60, 0.005)
+        harness.wait_until(lambda: Job.objects.get(pk=pk).state == "done", 60, 0.005)
         return time.perf_counter() - started
     finally:
         harness.stop_workers(second)
@@ -62,23 +71,14 @@ def restart(durable: bool) -> float:
 def recovery() -> float:
     """Seconds from a new worker's start to the end of a 20-step job whose worker was killed
     in step 19, at the default lease TTL."""
-    import django_jobqueue as jobqueue
     from django_jobqueue.models import Job
 
-    harness.reset()
-    job = jobqueue.enqueue("bench.steps", {"count": 20, "seconds": 0.1, "durable": True})
-    [first] = harness.start_workers(1, ["--poll-interval", "0.05"])
-    try:
-        harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "running", 60, 0.005)
-        time.sleep(1.85)  # inside step 19 (of 0.1 s each)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(10)
-    finally:
-        harness.stop_workers([first])
+    args = ["--poll-interval", "0.05"]
+    pk = killed_in_step_19(True, args)
     started = time.perf_counter()
-    second = harness.start_workers(1, ["--poll-interval", "0.05"])
+    second = harness.start_workers(1, args)
     try:
-        harness.wait_until(lambda: Job.objects.get(pk=job.pk).state == "done", 120, 0.005)
+        harness.wait_until(lambda: Job.objects.get(pk=pk).state == "done", 120, 0.005)
         return time.perf_counter() - started
     finally:
         harness.stop_workers(second)
