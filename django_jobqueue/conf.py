@@ -19,6 +19,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidJobError
+
+# LIMITS is checked by the grammar of the limits engine (which reads no settings itself).
+from .limits.spec import derived, find, limits_problems, parse_rate, parse_spec
 from .validation import check_label, finite, name_problem
 
 
@@ -371,8 +374,6 @@ def _group_limits(conf: JobQueueSettings) -> Iterator[Problem]:
 def _limits(conf: JobQueueSettings) -> Iterator[Problem]:
     """LIMITS, as the limits engine reads it: one message per bad entry, and one per entry
     that governs a resource GROUP_LIMITS, RATE_LIMITS or QUEUE_LIMITS derives."""
-    from .limits import derived, find, limits_problems, parse_spec  # they read parse_rate
-
     if not isinstance(conf.limits, dict):
         yield from (Problem("LIMITS", m) for m in limits_problems(conf.limits))
         return
@@ -517,27 +518,6 @@ def dynamic_limit_problems(conf: JobQueueSettings) -> Iterator[str]:
     else:
         if not callable(func):
             yield f"JOBQUEUE['DYNAMIC_LIMIT'] {path!r} is not callable."
-
-
-RATE_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[int, int]:
-    """Return (starts, period in seconds) of a rate such as "60/m" (a RATE_LIMITS entry, or
-    the rate of a LIMITS entry)."""
-    text = rate.strip() if isinstance(rate, str) else ""
-    count, _, period = text.partition("/")
-    # isdecimal() and isascii(): "²".isdigit() is true, but int("²") raises ValueError.
-    if (
-        not (count.isascii() and count.isdecimal())
-        or not 1 <= int(count) <= INT_MAX
-        or period not in RATE_PERIODS
-    ):
-        raise ImproperlyConfigured(
-            f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m', 'N/h' or 'N/d' with "
-            f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length)."
-        )
-    return int(count), RATE_PERIODS[period]
 
 
 _current: tuple[Any, Any, JobQueueSettings] | None = None

@@ -7,6 +7,8 @@ import datetime as dt
 import math
 from typing import Any
 
+from .names import name_problem
+
 
 class JobQueueError(Exception):
     """Base class for django_jobqueue errors. Do not raise directly."""
@@ -147,9 +149,6 @@ class RateLimited(Exception):
     """
 
     def __init__(self, resource: str, retry_after: float | dt.timedelta = 0.0) -> None:
-        # Imported here: validation imports this module.
-        from .validation import name_problem
-
         if not isinstance(resource, str):
             raise TypeError(f"RateLimited resource must be a string, not {resource!r}.")
         problem = name_problem(resource, 255, star="none")

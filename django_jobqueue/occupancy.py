@@ -16,9 +16,8 @@ from django.db.models import Count, Sum
 
 from . import conf, limits
 from .dialects import Dialect
-from .limits import window
-from .limits.live import check_name, reopen, reset_limit
-from .limits.live import set_limit as _set_limit
+from .limits import live, window
+from .limits.live import check_name, reopen
 from .limits.resources import Resources
 from .models import Job, Limit, LimitSetting, MinuteSpend
 
@@ -36,7 +35,20 @@ def set_limit(dialect: Dialect, name: str, *, concurrency: int | None, rate: str
     """Change limit `name` (an entry of the settings, or a resource an entry governs) while
     workers run; they apply it within about two seconds. What is not given keeps its value in
     force (the last change's, else the settings'). InvalidJobError for a bad name or value."""
-    _set_limit(dialect, name, concurrency=concurrency, rate=rate, in_force=current(dialect))
+    live.set_limit(
+        dialect,
+        name,
+        concurrency=concurrency,
+        rate=rate,
+        settings=conf.get(),
+        in_force=current(dialect),
+    )
+
+
+def reset_limit(dialect: Dialect, name: str) -> bool:
+    """Go back to the settings' value of limit `name`; False if it was not changed.
+    InvalidJobError if `name` is neither changed nor governed by a limit of the settings."""
+    return live.reset_limit(dialect, name, conf.get())
 
 
 def declared_by(name: str, entry: str | None) -> str | None:

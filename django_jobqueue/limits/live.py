@@ -9,17 +9,19 @@ Any limit can be changed so: a LIMITS entry or a resource it governs, and the de
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .. import conf, validation
-from ..conf import JobQueueSettings, parse_rate
+from .. import validation
 from ..dialects import Dialect
 from ..exceptions import InvalidJobError
 from ..models import Limit, LimitSetting
 from ..validation import INT_MAX
-from .spec import Spec, every_limit, find, parse_spec, valid_concurrency
+from .spec import Spec, every_limit, find, parse_rate, parse_spec, valid_concurrency
+
+if TYPE_CHECKING:
+    from ..conf import JobQueueSettings
 
 # Seconds a worker reuses the live changes it read (`jobqueue_limits set`): they apply within
 # about twice this.
@@ -66,14 +68,15 @@ def set_limit(
     *,
     concurrency: int | None,
     rate: str | None,
+    settings: JobQueueSettings,
     in_force: dict[str, Spec] | None = None,
 ) -> None:
     """Change limit `name` (an entry of the settings, or a resource an entry governs) while
     workers run; they apply it within about two seconds. What is not given keeps its value in
     force (`in_force`: the last change's, else the settings'). InvalidJobError for a bad name
-    or value."""
+    or value. `settings`: the settings whose limits `name` must be one of."""
     check_name(name)
-    _known(name)
+    _known(name, settings)
     found = find(name, in_force or {})
     if found is not None:
         value_in_force = found[1].describe()
@@ -103,13 +106,13 @@ def set_limit(
     )
 
 
-def reset_limit(dialect: Dialect, name: str) -> bool:
+def reset_limit(dialect: Dialect, name: str, settings: JobQueueSettings) -> bool:
     """Go back to the settings' value of limit `name`; False if it was not changed.
     InvalidJobError if `name` is neither changed nor governed by a limit of the settings."""
     check_name(name)
     deleted, _ = LimitSetting.objects.using(dialect.using).filter(name=name).delete()
     if not deleted:  # a change of a name the settings dropped since can still be undone
-        _known(name)
+        _known(name, settings)
     return bool(deleted)
 
 
@@ -120,9 +123,9 @@ def reopen(dialect: Dialect, name: str) -> bool:
     return bool(closed.update(closed_until=None))
 
 
-def _known(name: str) -> None:
-    """Raise InvalidJobError unless a limit of the settings governs `name`."""
-    specs = every_limit(conf.get())
+def _known(name: str, settings: JobQueueSettings) -> None:
+    """Raise InvalidJobError unless a limit of `settings` governs `name`."""
+    specs = every_limit(settings)
     if find(name, specs) is None:
         known = ", ".join(sorted(specs)) or "none"
         raise InvalidJobError(f"{name!r} is not a limit of the settings (known: {known}).")

@@ -31,11 +31,10 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Q
 
-from ..conf import JobQueueSettings
 from ..dialects import Dialect
 from ..dialects.base import aware, read_json, seconds
 from ..dialects.functions import DbNow
@@ -52,6 +51,9 @@ from .spec import (
     group_resource,
     queue_resource,
 )
+
+if TYPE_CHECKING:
+    from ..conf import JobQueueSettings
 
 # Seconds a claim leaves out the jobs of a resource found without room (or its row held by
 # another transaction) before it looks at the resource again.

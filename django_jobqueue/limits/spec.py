@@ -22,13 +22,36 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import RATE_PERIODS, JobQueueSettings, parse_rate
 from ..exceptions import InvalidJobError
 from ..validation import INT_MAX, name_problem
+
+if TYPE_CHECKING:
+    from ..conf import JobQueueSettings
+
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(group: Any, rate: Any, *, setting: str = "RATE_LIMITS") -> tuple[int, int]:
+    """Return (starts, period in seconds) of a rate such as "60/m" (a RATE_LIMITS entry, or
+    the rate of a LIMITS entry)."""
+    text = rate.strip() if isinstance(rate, str) else ""
+    count, _, period = text.partition("/")
+    # isdecimal() and isascii(): "²".isdigit() is true, but int("²") raises ValueError.
+    if (
+        not (count.isascii() and count.isdecimal())
+        or not 1 <= int(count) <= INT_MAX
+        or period not in RATE_PERIODS
+    ):
+        raise ImproperlyConfigured(
+            f"JOBQUEUE[{setting!r}][{group!r}] is {rate!r}; use 'N/s', 'N/m', 'N/h' or 'N/d' with "
+            f"a whole N from 1 to {INT_MAX} (at most N starts in any window of that length)."
+        )
+    return int(count), RATE_PERIODS[period]
+
 
 PERIOD_NAMES = {seconds: name for name, seconds in RATE_PERIODS.items()}
 

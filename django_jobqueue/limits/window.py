@@ -29,12 +29,11 @@ from typing import Any, NamedTuple
 
 from django.db.models import Q, Sum
 
-from ..conf import RATE_PERIODS
 from ..dialects import Dialect
 from ..dialects.base import aware, seconds
 from ..dialects.functions import DbNow
 from ..models import MinuteSpend, ResourceStart
-from .spec import Spec, find
+from .spec import RATE_PERIODS, Spec, find
 
 MARGIN = 0.1  # seconds added to each window, for the spread between claim and handler start
 
