@@ -22,10 +22,10 @@ from . import conf, workflows
 from .control import _pk, cancel
 from .dialects import Dialect, get_dialect
 from .dialects.base import seconds
-from .dialects.functions import DbNow
 from .enqueuing import create_container
 from .exceptions import ContainerNotSealed, InvalidJobError
 from .models import Job
+from .models.functions import DbNow
 
 NOT_SEALED = "django_jobqueue.exceptions.ContainerNotSealed"
 

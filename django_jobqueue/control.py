@@ -13,11 +13,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
-from . import conf, durable, pruning, sequences, validation, workflows
+from . import conf, pruning, sequences, validation, workflows
 from .dialects import get_dialect
-from .dialects.functions import DbNow
 from .exceptions import InvalidJobError
 from .models import Job, JobDependency, JobStep, Worker
+from .models.functions import DbNow
+from .replay import SPAWN
 
 
 def _pk(job: Job | int) -> int:
@@ -217,7 +218,7 @@ def _clear_places_after(using: str, pk: int, place: int) -> int:
 
 def _clear(pk: int, later: QuerySet[JobStep], where: str) -> int:
     """Delete `later`, records of job `pk`: InvalidJobError if a spawn is among them."""
-    spawn = later.filter(name=durable.SPAWN).values_list("pk", "result").first()
+    spawn = later.filter(name=SPAWN).values_list("pk", "result").first()
     if spawn is not None:
         child = (spawn[1] or {}).get("job_id")
         raise InvalidJobError(

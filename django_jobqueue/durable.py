@@ -39,7 +39,6 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from . import events, fanout, telemetry, validation
 from .exceptions import (
     InvalidJobError,
-    LeaseLost,
     ResultNotStored,
     Suspend,
     UpstreamFailed,
@@ -57,12 +56,14 @@ from .replay import SPAWN as SPAWN
 from .replay import WAIT as WAIT
 from .replay import Calls as Calls
 from .replay import Stored as Stored
+from .replay import fence as fence
+from .replay import lease_lost as lease_lost
 from .replay import preload as preload
+from .replay import write as write
 
 if TYPE_CHECKING:
     from .context import JobContext
     from .dialects import Dialect
-    from .leases import Lease
 
 # A call's plan: it yields its database parts (each a function of no argument, or a step's
 # Work) and is sent back what each returned; it returns the call's result.
@@ -71,39 +72,6 @@ type Plan[T] = Generator[Callable[[], Any] | Work, Any, T]
 # Seconds between two writes of one job's progress: the latest value in between is kept and
 # written by the next call after that, or when the run ends.
 PROGRESS_EVERY = 1.0
-
-
-def fence(dialect: Dialect, lease: Lease) -> None:
-    """Lock the job's row while `lease` is current (in the caller's transaction); else LeaseLost."""
-    found = dialect.lock_blocking(Job.objects.using(dialect.using).filter(lease.q()))
-    if not found.values_list("pk", flat=True).first():
-        raise lease_lost(lease)
-
-
-def lease_lost(lease: Lease) -> LeaseLost:
-    return LeaseLost(
-        f"job {lease.job_id} attempt {lease.attempt} of {lease.owner} no longer holds "
-        "its lease: nothing was recorded"
-    )
-
-
-def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | None) -> None:
-    """Insert the record of a call, fenced by the lease (the job's row stays locked until the
-    caller's transaction ends); else LeaseLost."""
-    dialect, lease = ctx._dialect, ctx._lease
-    recorded = dialect.record_call(
-        job_id=lease.job_id,
-        owner=lease.owner,
-        attempt=lease.attempt,
-        name=name,
-        seq=seq,
-        place=ctx._calls.place_of(name, seq),
-        result=result,
-        duration=duration,
-        mark=not ctx._calls.has_steps,  # the job's first record: say so on its row
-    )
-    if not recorded:
-        raise lease_lost(lease)
 
 
 def _record(

@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from . import conf, limits, registry, sequences, signals, telemetry, validation, wake, workflows
 from .dialects import get_dialect
-from .dialects.functions import DbNow
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .limits.resources import Resources
 from .models import Job, JobDependency
+from .models.functions import DbNow
 from .options import JobOptions
 
 JobRef = Job | int

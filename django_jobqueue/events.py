@@ -17,9 +17,9 @@ from django.db import IntegrityError, transaction
 
 from . import conf, validation, workflows
 from .dialects import Dialect, get_dialect
-from .dialects.functions import DbNow
 from .exceptions import InvalidArgumentsError
 from .models import Job, JobEvent, JobWait
+from .models.functions import DbNow
 
 
 def send_event(key: str, payload: Any = None) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import control, workflows
 from .exceptions import InvalidJobError
 from .models import Job, JobDependency, JobWait
+from .replay import fence, write
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -53,8 +54,6 @@ def end_wait(
     the jobs cancelled are locked before the waiting job's, the order in which a job that
     finishes locks its own row, then those of the jobs that wait for it.
     """
-    from .durable import fence, write
-
     dialect, lease = ctx._dialect, ctx._lease
     rest = [pk for pk in ids if pk not in states]
     found = {

@@ -24,9 +24,9 @@ from django.db.models import F, Q
 from . import pausing, quarantine, registry, versions, workflows
 from .dialects import Dialect
 from .dialects.base import MAX_DELAY, seconds
-from .dialects.functions import DbNow
 from .error_records import with_error
 from .models import Job, JobQuerySet
+from .models.functions import DbNow
 from .records import ClaimedJob, Finished, FinishReport
 
 if TYPE_CHECKING:

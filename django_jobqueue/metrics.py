@@ -27,8 +27,8 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from .dialects import get_dialect
-from .dialects.functions import MinuteSlot
 from .models import Job, MinuteCount, MinuteSample, MinuteSpend
+from .models.functions import MinuteSlot
 from .records import ClaimedJob
 
 # Upper bounds, in seconds, of the latency buckets; the last bucket has no bound.

@@ -18,8 +18,8 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from .dialects import Dialect
-from .dialects.functions import DbNow
 from .models import Job, JobDependency, JobStep, JobWait
+from .models.functions import DbNow
 
 DEFAULT_STATES: tuple[str, ...] = (Job.State.DONE, Job.State.CANCELLED)
 DEFAULT_BATCH_SIZE = 1000

@@ -7,10 +7,9 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .models import Job
+from .models import Job, in_graph
 
 # The columns a claim reads back: what running the job needs, and when it became due (the
 # enqueue-to-start latency of metrics.py). A handler that takes a context gets a Job model
@@ -112,21 +111,12 @@ class ClaimedJob:
     def model(self) -> Job:
         """The Job model instance (deferred fields load on first access)."""
         if self._model is None:
-            from .models import Job
-
             names = _model_order()
             self._model = Job.from_db(self.using, names, [getattr(self, n) for n in names])
         return self._model
 
     def __repr__(self) -> str:
         return f"<ClaimedJob {self.type} #{self.id} attempt {self.attempts}>"
-
-
-def in_graph(job: Job | ClaimedJob) -> bool:
-    """Whether the job has dependents, a container or children of its own: its end has the
-    graph to move too, so the completer sends it straight to the finish's transaction rather
-    than through the one-statement finish, which would leave it anyway."""
-    return bool(job.has_dependents or job.has_children or job.parent_id is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +145,6 @@ class FinishReport:
 @functools.cache
 def _model_order() -> list[str]:
     """CLAIM_FIELDS in the Job model's field order, as Model.from_db takes them."""
-    from .models import Job
-
     return [
         f.attname
         for f in Job._meta.concrete_fields

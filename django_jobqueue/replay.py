@@ -1,4 +1,5 @@
-"""The records a run of a durable job replays, and the check that it replays them as it ran.
+"""The records a run of a durable job replays, the check that it replays them as it ran, and
+the writing of a record, fenced by the job's lease.
 
 Each durable call of a run takes the next place (1, 2, ...) and is known by its name and call
 number (`seq`: how many times this run called that name before). Its record keeps all three.
@@ -25,11 +26,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError
 
 from .dialects.base import read_json
-from .exceptions import ReplayMismatch
-from .models import JobStep
+from .exceptions import LeaseLost, ReplayMismatch
+from .models import Job, JobStep
 
 if TYPE_CHECKING:
+    from .context import JobContext
     from .dialects import Dialect
+    from .leases import Lease
     from .records import ClaimedJob
 
 logger = logging.getLogger(__name__)
@@ -256,3 +259,39 @@ def preload(dialect: Dialect, jobs: Sequence[ClaimedJob]) -> None:
     for job in jobs:
         if job.has_steps and (complete_below is None or job.id < complete_below):
             job.records, job.places = found[job.id], places[job.id]
+
+
+# -- writing a record ----------------------------------------------------------------------------
+
+
+def fence(dialect: Dialect, lease: Lease) -> None:
+    """Lock the job's row while `lease` is current (in the caller's transaction); else LeaseLost."""
+    found = dialect.lock_blocking(Job.objects.using(dialect.using).filter(lease.q()))
+    if not found.values_list("pk", flat=True).first():
+        raise lease_lost(lease)
+
+
+def lease_lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(
+        f"job {lease.job_id} attempt {lease.attempt} of {lease.owner} no longer holds "
+        "its lease: nothing was recorded"
+    )
+
+
+def write(ctx: JobContext, name: str, seq: int, result: Any, duration: float | None) -> None:
+    """Insert the record of a call, fenced by the lease (the job's row stays locked until the
+    caller's transaction ends); else LeaseLost."""
+    dialect, lease = ctx._dialect, ctx._lease
+    recorded = dialect.record_call(
+        job_id=lease.job_id,
+        owner=lease.owner,
+        attempt=lease.attempt,
+        name=name,
+        seq=seq,
+        place=ctx._calls.place_of(name, seq),
+        result=result,
+        duration=duration,
+        mark=not ctx._calls.has_steps,  # the job's first record: say so on its row
+    )
+    if not recorded:
+        raise lease_lost(lease)

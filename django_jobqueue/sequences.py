@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 from django.db.models import BigIntegerField, Case, Exists, OuterRef, Q, QuerySet, Value, When
 
+from . import wake
 from .dialects import Dialect
 from .dialects.base import terminal_columns
 from .models import Job, JobSequence
@@ -82,9 +83,7 @@ def _settle_locked(dialect: Dialect, row: JobSequence, *, keep_empty: bool) -> i
     row.head = following[0]
     rows.update(head=row.head)
     if following[1] == Job.State.WAITING:
-        from . import workflows  # workflows reacts to jobs ending through this module
-
-        workflows.promote(dialect, [row.head])
+        wake.promote(dialect, [row.head])
     return row.head
 
 

@@ -18,14 +18,14 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.lookups import GreaterThan
 
-from . import events, maps, workflows
+from . import events, map_children, workflows
 from .dialects import Dialect
 from .dialects.base import seconds
-from .dialects.functions import DbNow
 from .exceptions import Suspend
 from .leases import BUSY, Lease, fences, held_elsewhere
 from .limits.resources import close as close_resource
 from .models import Job, JobStep, JobWait
+from .models.functions import DbNow
 
 
 def suspend(dialect: Dialect, lease: Lease, how: Suspend) -> str | None:
@@ -157,7 +157,7 @@ def _suspend(dialect: Dialect, lease: Lease, how: Suspend, sent: dict[str, bool]
     elif (
         how.kind == "jobs"
         and not workflows.await_jobs(dialect, lease.job_id, how.job_ids, how.count)
-    ) or (how.kind == "map" and maps.waits(dialect, lease.job_id)):
+    ) or (how.kind == "map" and map_children.waits(dialect, lease.job_id)):
         state = Job.State.WAITING
     jobs = Job.objects.using(dialect.using)
     jobs.filter(lease.q()).update(state=state, **_LET_GO, **values)

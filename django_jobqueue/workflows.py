@@ -17,16 +17,19 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
-
-from . import sequences, wake
+from . import map_children, sequences, wake
 from .dialects import Dialect
 from .dialects.base import terminal_columns
-from .dialects.functions import DbNow
 from .error_records import error_record
 from .exceptions import UpstreamFailed
 from .models import Job, JobDependency, JobStep, JobWait
+from .models.functions import DbNow
 from .records import Finished
+
+# Making waiting jobs runnable and waking workers for them: used here and by every module that
+# moves the graph (they may import them from here, where they were first).
+from .wake import notify_on_commit as notify_on_commit
+from .wake import promote as promote
 
 terminal_values = terminal_columns
 
@@ -134,17 +137,6 @@ def await_jobs(dialect: Dialect, job_id: int, ids: list[int], count: int | None 
         job_id=job_id, defaults={"key": "", "until": None, "count": count}
     )
     return False
-
-
-def promote(dialect: Dialect, candidates: list[int]) -> None:
-    """Make those of the waiting jobs `candidates` whose upstreams are all done runnable.
-
-    They become `ready`, or `scheduled` when their `run_after` lies in the future. The ids
-    travel as one parameter where the database allows (dialect.id_set): a fan-out of
-    thousands of jobs is a few statements, each joining edges to jobs by index.
-    """
-    if candidates:
-        notify_on_commit(dialect, dialect.promote(candidates))
 
 
 def lock_upstream(dialect: Dialect, job_ids: list[int]) -> None:
@@ -310,7 +302,7 @@ def roll_up(
     states; an open (unsealed) container is left alone without being locked: sealing counts
     its children (see `containers.seal` for why that is safe). A job that spawned children is
     a container once its handler has returned (sealed by `seal_spawner`); while it runs it
-    is an open one, whose children `ids` count down its maps (`maps.count_down`).
+    is an open one, whose children `ids` count down its maps (`map_children.count_down`).
     """
     jobs = Job.objects.using(dialect.using)
     # Look before locking: a producer adding a child with depends_on holds the open
@@ -322,9 +314,7 @@ def roll_up(
         return
     if not peek[0]:
         if ids and not peek[2]:  # a job that spawned them, still unfinished: maybe a map's
-            from . import maps
-
-            maps.count_down(dialect, container_id, ids)
+            map_children.count_down(dialect, container_id, ids)
         return
     row = (
         dialect.lock_blocking(jobs.filter(pk=container_id))
@@ -344,23 +334,6 @@ def roll_up(
     new_state, extra = _children_state(dialect, container_id, is_container=is_container)
     jobs.filter(pk=container_id).update(**terminal_values(new_state, **extra))
     on_terminal(dialect, container_id, new_state, parent_id)
-
-
-def notify_on_commit(dialect: Dialect, queues: str | Iterable[str]) -> None:
-    """Wake workers for `queues` once the current transaction commits.
-
-    Workers of this process through the in-process wake, those of other processes and hosts
-    through the database when it can push (PostgreSQL NOTIFY, sent in this transaction).
-    """
-    names = sorted({queues} if isinstance(queues, str) else set(queues))
-    if not names:
-        return
-    dialect.notify(names)
-    for queue in names:
-        transaction.on_commit(
-            lambda q=queue: wake.notify(dialect.using, q),  # type: ignore[misc]
-            using=dialect.using,
-        )
 
 
 def count_open_children(dialect: Dialect, container_id: int) -> int:
@@ -429,9 +402,7 @@ def reopen_counts(dialect: Dialect, container_id: int) -> None:
     if row is not None and row[0] and row[1] not in Job.TERMINAL_STATES:
         count_open_children(dialect, container_id)
     elif row is not None and not row[2] and row[1] not in Job.TERMINAL_STATES:
-        from . import maps
-
-        maps.recount(dialect, container_id)  # a child of its map came back
+        map_children.recount(dialect, container_id)  # a child of its map came back
 
 
 def cancel_blocked(dialect: Dialect, ids: list[int]) -> set[int]:

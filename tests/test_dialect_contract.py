@@ -22,8 +22,8 @@ from django.db import Error as DatabaseErrors
 from django_jobqueue import leases, pausing
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import Dialect
-from django_jobqueue.dialects.functions import DbNow
 from django_jobqueue.models import Job, Worker
+from django_jobqueue.models.functions import DbNow
 from django_jobqueue.worker.reclaimer import reclaim_expired
 from django_jobqueue.workflows import promote_due
 from tests.conftest import in_new_thread
@@ -658,7 +658,7 @@ def test_renewal_pushes_back_only_current_leases(dialect):
 
 
 def test_an_array_literal_reads_back_as_its_values_and_refuses_other_types(dialect):
-    from django_jobqueue.dialects.literals import array
+    from django_jobqueue.models.literals import array
 
     values = ['a"b', "c\\d", "x,y", "{z}", " s ", "NULL", "", "it's", "ü€"]
     if dialect.vendor == "postgresql":

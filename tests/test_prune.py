@@ -246,7 +246,7 @@ def test_a_pruner_that_found_nothing_comes_back_when_the_next_job_is_old_enough(
     """Not a whole PRUNE_INTERVAL later: the first pass after a quiet start would meet up to a
     minute of rows at once. Rows kept past their age (here: one a pending job depends on) do
     not make it come back at once."""
-    from django_jobqueue.dialects.functions import DbNow
+    from django_jobqueue.models.functions import DbNow
     from django_jobqueue.worker.pruner import PRUNE_INTERVAL, Pruner
 
     dialect = get_dialect("default")

@@ -11,8 +11,8 @@ import datetime as dt
 import pytest
 
 import django_jobqueue as jobqueue
-from django_jobqueue.dialects.functions import DbNow
 from django_jobqueue.models import Job, Worker
+from django_jobqueue.models.functions import DbNow
 from tests.conftest import assert_clean_log, poll, wait_for_job
 from tests.testapp.models import RunRecord
 

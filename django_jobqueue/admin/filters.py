@@ -12,8 +12,8 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import conf, registry, validation
 from ..dialects import get_dialect
-from ..dialects.functions import DbNow
 from ..models import Job, Worker
+from ..models.functions import DbNow
 
 # The queue's own handlers (the admin's bulk actions) are named so; no filter offers them.
 INTERNAL_PREFIX = "jobqueue."

@@ -14,8 +14,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import conf
-from ..dialects.functions import DbNow
 from ..models import DeadJob, Job, LiveLease, Worker
+from ..models.functions import DbNow
 from . import display, filters
 from .actions import cancel_jobs, delete_finished_jobs, release_leases, retry_jobs
 from .base import JobPagesAdmin

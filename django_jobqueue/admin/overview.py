@@ -15,8 +15,8 @@ from django.urls import reverse
 
 from .. import pausing, versions
 from ..dialects import get_dialect
-from ..dialects.functions import DbNow
 from ..models import Job, QueueOverview, Worker
+from ..models.functions import DbNow
 from ..stats import oldest_ready, unhandled
 from . import breakdown, charts, display
 from .base import JobPagesAdmin

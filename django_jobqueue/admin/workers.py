@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ..dialects.functions import DbNow
 from ..models import MinuteCount, Worker
+from ..models.functions import DbNow
 from . import display, filters
 from .base import OwnFiltersAdmin
 

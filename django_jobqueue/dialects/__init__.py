@@ -1,29 +1,17 @@
-"""Every database difference lives in this package; `get_dialect` is the only vendor switch."""
+"""The database differences of the queue's statements; `get_dialect` is the only vendor switch.
+
+The model plumbing whose SQL differs per database (key fields, expressions, indexes) is in
+`models/`, below this package: the dialects use the models, never the other way round.
+"""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from ..exceptions import UnsupportedDatabaseError
-
-if TYPE_CHECKING:
-    from .base import Dialect, TransientDatabaseError
+from .base import Dialect, TransientDatabaseError
 
 __all__ = ["Dialect", "TransientDatabaseError", "get_dialect"]
-
-
-def __getattr__(name: str) -> Any:
-    # The dialects import the models, and the models import this package's fields, functions
-    # and indexes: loading base only when a name of it is asked for keeps that no circle.
-    if name in ("Dialect", "TransientDatabaseError"):
-        from . import base
-
-        value = getattr(base, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_dialect(using: str) -> Dialect:

@@ -54,8 +54,9 @@ from ..models import (
     JobWait,
     Limit,
 )
+from ..models.fields import key_collation
+from ..models.functions import DbNow
 from ..records import CLAIM_FIELDS, ClaimedJob, Finished, FinishReport
-from .functions import DbNow
 
 logger = logging.getLogger(__name__)
 ARGS = CLAIM_FIELDS.index("args")
@@ -147,7 +148,7 @@ class Dialect:
 
         PostgreSQL's and SQLite's default comparisons are already exact (byte for byte).
         """
-        return None
+        return key_collation(self.connection)
 
     def describe(self) -> str:
         """Return 'flavour version' of the server, for logs."""

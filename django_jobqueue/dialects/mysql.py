@@ -121,16 +121,6 @@ class MySQLDialect(Dialect):
             ]
         return []
 
-    def key_collation(self) -> str:
-        # The server's default *_ci collations ignore case and accents, and utf8mb4_bin pads
-        # trailing spaces ('a' = 'a '): the binary no-pad collations compare exactly.
-        conn: Any = self.connection
-        conn.ensure_connection()
-        if conn.mysql_is_mariadb:
-            return "utf8mb4_nopad_bin"
-        # MySQL has utf8mb4_0900_bin (NO PAD) from 8.0.17; before, utf8mb4_bin is the closest.
-        return "utf8mb4_0900_bin" if conn.mysql_version >= (8, 0, 17) else "utf8mb4_bin"
-
     def describe(self) -> str:
         conn: Any = self.connection
         conn.ensure_connection()

@@ -37,8 +37,8 @@ from django.db.models import Count, Q
 
 from ..dialects import Dialect
 from ..dialects.base import aware, read_json, seconds
-from ..dialects.functions import DbNow
 from ..models import Job, Limit
+from ..models.functions import DbNow
 from . import live, window
 from .live import OVERRIDES_EVERY
 from .spec import (

@@ -31,8 +31,8 @@ from django.db.models import Q, Sum
 
 from ..dialects import Dialect
 from ..dialects.base import aware, seconds
-from ..dialects.functions import DbNow
 from ..models import MinuteSpend, ResourceStart
+from ..models.functions import DbNow
 from .spec import RATE_PERIODS, Spec, find
 
 MARGIN = 0.1  # seconds added to each window, for the spread between claim and handler start

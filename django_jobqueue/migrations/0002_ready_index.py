@@ -1,4 +1,4 @@
-"""The ready-set index, per database: see django_jobqueue.dialects.indexes.ReadyIndex.
+"""The ready-set index, per database: see django_jobqueue.models.indexes.ReadyIndex.
 
 PostgreSQL and SQLite get a partial index over `ready` rows only, so the claim scan stays
 proportional to the ready set however many finished rows the table holds. MySQL and MariaDB
@@ -8,7 +8,7 @@ of the migration state, so SQLite's table rebuilds in later migrations recreate 
 
 from django.db import migrations
 
-from django_jobqueue.dialects.indexes import ReadyIndex
+from django_jobqueue.models.indexes import ReadyIndex
 
 
 class Migration(migrations.Migration):

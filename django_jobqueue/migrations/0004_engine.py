@@ -5,7 +5,7 @@ and `open_children` so that finishing a job needs no look-up, the worker row as 
 record (expires_at, lease_ttl, job_ids), the group and scheduled indexes, and on PostgreSQL the
 trigger that NOTIFYs workers when ready jobs are inserted."""
 
-import django_jobqueue.dialects.indexes
+import django_jobqueue.models.indexes
 from django.db import migrations, models
 from django.db.models import Count, Q
 from django.db.models.functions import Now
@@ -95,11 +95,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.StateIndex(fields=['group_key', '-priority', 'id'], name='jobqueue_job_ready_group', state='ready'),
+            index=django_jobqueue.models.indexes.StateIndex(fields=['group_key', '-priority', 'id'], name='jobqueue_job_ready_group', state='ready'),
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.StateIndex(fields=['run_after', 'id'], name='jobqueue_job_scheduled', state='scheduled'),
+            index=django_jobqueue.models.indexes.StateIndex(fields=['run_after', 'id'], name='jobqueue_job_scheduled', state='scheduled'),
         ),
         migrations.AddConstraint(
             model_name='job',
@@ -110,11 +110,11 @@ class Migration(migrations.Migration):
         migrations.RemoveIndex(model_name='job', name='jobqueue_job_state_finished'),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['lease_expires'], name='jobqueue_job_lease_expires', where=models.Q(('lease_expires__isnull', False))),
+            index=django_jobqueue.models.indexes.PartialIndex(fields=['lease_expires'], name='jobqueue_job_lease_expires', where=models.Q(('lease_expires__isnull', False))),
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['state', 'finished_at'], name='jobqueue_job_state_finished', where=models.Q(('finished_at__isnull', False))),
+            index=django_jobqueue.models.indexes.PartialIndex(fields=['state', 'finished_at'], name='jobqueue_job_state_finished', where=models.Q(('finished_at__isnull', False))),
         ),
         migrations.RunPython(forward_data, backward_data, elidable=False),
         migrations.RunPython(create_trigger, drop_trigger, elidable=False),

@@ -3,7 +3,7 @@
 """The admin's pages: proxy models for live leases, dead jobs and the overview (no tables,
 no permissions of their own), and a partial index of waiting jobs by queue for the overview."""
 
-import django_jobqueue.dialects.indexes
+import django_jobqueue.models.indexes
 from django.db import migrations, models
 
 
@@ -58,6 +58,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['queue'], name='jobqueue_job_waiting_queue', where=models.Q(('state', 'waiting'))),
+            index=django_jobqueue.models.indexes.PartialIndex(fields=['queue'], name='jobqueue_job_waiting_queue', where=models.Q(('state', 'waiting'))),
         ),
     ]

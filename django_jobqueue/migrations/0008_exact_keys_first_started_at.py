@@ -6,7 +6,7 @@ which keeps their indexes and constraints). On PostgreSQL and SQLite, whose comp
 exact already, only the new nullable column is added.
 """
 
-from django_jobqueue.dialects.fields import AlterKeyField, KeyField
+from django_jobqueue.models.fields import AlterKeyField, KeyField
 from django.db import migrations, models
 
 

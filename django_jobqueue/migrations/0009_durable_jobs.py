@@ -1,7 +1,7 @@
 """Durable jobs: step records, events and event waits, spawned children, progress."""
 
 import django.db.models.deletion
-import django_jobqueue.dialects.fields
+import django_jobqueue.models.fields
 from django.db import migrations, models
 
 
@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='JobEvent',
             fields=[
-                ('key', django_jobqueue.dialects.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='key')),
+                ('key', django_jobqueue.models.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='key')),
                 ('payload', models.JSONField(blank=True, null=True, verbose_name='payload')),
                 ('sent_at', models.DateTimeField(blank=True, null=True, verbose_name='sent')),
                 ('created_at', models.DateTimeField(auto_now_add=True, verbose_name='created')),
@@ -50,7 +50,7 @@ class Migration(migrations.Migration):
             name='JobWait',
             fields=[
                 ('job', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='+', serialize=False, to='django_jobqueue.job')),
-                ('key', django_jobqueue.dialects.fields.KeyField(max_length=255, verbose_name='event key')),
+                ('key', django_jobqueue.models.fields.KeyField(max_length=255, verbose_name='event key')),
                 ('until', models.DateTimeField(blank=True, null=True, verbose_name='until')),
             ],
             options={
@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
             name='JobStep',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', django_jobqueue.dialects.fields.KeyField(max_length=200, verbose_name='name')),
+                ('name', django_jobqueue.models.fields.KeyField(max_length=200, verbose_name='name')),
                 ('seq', models.IntegerField(default=1, verbose_name='call')),
                 ('result', models.JSONField(blank=True, null=True, verbose_name='result')),
                 ('attempt', models.IntegerField(verbose_name='attempt')),

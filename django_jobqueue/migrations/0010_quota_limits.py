@@ -1,6 +1,6 @@
 """Limits built for quotas: the resources a job uses, their lock rows, live changes, rate windows."""
 
-import django_jobqueue.dialects.fields
+import django_jobqueue.models.fields
 from django.db import migrations, models
 
 
@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Limit',
             fields=[
-                ('name', django_jobqueue.dialects.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='resource')),
+                ('name', django_jobqueue.models.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='resource')),
                 ('closed_until', models.DateTimeField(blank=True, null=True, verbose_name='closed until')),
                 ('created_at', models.DateTimeField(auto_now_add=True, verbose_name='first used')),
             ],
@@ -26,7 +26,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='LimitSetting',
             fields=[
-                ('name', django_jobqueue.dialects.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='limit')),
+                ('name', django_jobqueue.models.fields.KeyField(max_length=255, primary_key=True, serialize=False, verbose_name='limit')),
                 ('concurrency', models.IntegerField(blank=True, null=True, verbose_name='concurrency')),
                 ('rate', models.CharField(blank=True, default='', max_length=40, verbose_name='rate')),
                 ('updated_at', models.DateTimeField(auto_now=True, verbose_name='changed')),
@@ -45,7 +45,7 @@ class Migration(migrations.Migration):
             name='ResourceStart',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('resource', django_jobqueue.dialects.fields.KeyField(max_length=255, verbose_name='resource')),
+                ('resource', django_jobqueue.models.fields.KeyField(max_length=255, verbose_name='resource')),
                 ('started_at', models.DateTimeField(verbose_name='started')),
                 ('units', models.IntegerField(verbose_name='units')),
             ],

@@ -7,7 +7,7 @@
 # and the database just gets the new index and loses the old one.
 
 import django.db.models.deletion
-import django_jobqueue.dialects.indexes
+import django_jobqueue.models.indexes
 from django.db import migrations, models
 
 REFERENCES = ("parent", "cancelled_by")
@@ -58,11 +58,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['parent'], name='jobqueue_job_parent', where=models.Q(('parent__isnull', False))),
+            index=django_jobqueue.models.indexes.PartialIndex(fields=['parent'], name='jobqueue_job_parent', where=models.Q(('parent__isnull', False))),
         ),
         migrations.AddIndex(
             model_name='job',
-            index=django_jobqueue.dialects.indexes.PartialIndex(fields=['cancelled_by'], name='jobqueue_job_cancelled_by', where=models.Q(('cancelled_by__isnull', False))),
+            index=django_jobqueue.models.indexes.PartialIndex(fields=['cancelled_by'], name='jobqueue_job_cancelled_by', where=models.Q(('cancelled_by__isnull', False))),
         ),
         migrations.SeparateDatabaseAndState(
             state_operations=[

@@ -24,9 +24,9 @@ from django.db import DatabaseError, transaction
 from .. import attempts, events, leases, outcomes, workflows
 from .. import conf as conf_module
 from ..dialects import Dialect, get_dialect
-from ..dialects.functions import DbNow
 from ..exceptions import JobQueueError
 from ..models import Job
+from ..models.functions import DbNow
 
 if TYPE_CHECKING:
     from ..conf import JobQueueSettings

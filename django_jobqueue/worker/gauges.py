@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from .. import metrics, telemetry
 from ..dialects import Dialect
-from ..dialects.functions import DbNow
 from ..models import Worker as WorkerRow
+from ..models.functions import DbNow
 from .duty import Duty
 
 

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from .. import registry, versions
 from ..dialects import Dialect
 from ..dialects.base import seconds
-from ..dialects.functions import DbNow
 from ..leases import Lease, renew_leases
 from ..models import Worker as WorkerRow
+from ..models.functions import DbNow
 from . import processes
 from .duty import Duty
 from .flights import Flights

@@ -17,8 +17,8 @@ from typing import Any
 from .. import events
 from ..dialects import Dialect, get_dialect
 from ..dialects.base import aware
-from ..dialects.functions import DbNow
 from ..models import Job, JobWait
+from ..models.functions import DbNow
 from ..workflows import promote_due
 from .duty import Duty
 

@@ -30,10 +30,10 @@ from django.db.models import F, QuerySet
 from .. import signals, telemetry, workflows
 from ..dialects import Dialect
 from ..dialects.base import seconds
-from ..dialects.functions import DbNow
 from ..error_records import error_record, with_error
 from ..exceptions import LeaseExpired
 from ..models import Job, Worker
+from ..models.functions import DbNow
 from . import processes
 from .duty import Duty
 

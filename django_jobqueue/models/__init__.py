@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from . import records
-from .dialects.fields import KeyField
-from .dialects.functions import DbNow
-from .dialects.indexes import PartialIndex, ReadyIndex, StateIndex
+from .fields import KeyField
+from .functions import DbNow
+from .indexes import PartialIndex, ReadyIndex, StateIndex
 
 # The index of the ready jobs of one group, in claim order (a dialect may name it in a hint).
 READY_GROUP_INDEX = "jobqueue_job_ready_group"
@@ -303,8 +302,8 @@ class Job(models.Model):
 
     @property
     def in_graph(self) -> bool:
-        """`records.in_graph()` of the row as it is here."""
-        return records.in_graph(self)
+        """`in_graph()` of the row as it is here."""
+        return in_graph(self)
 
     @property
     def timeout_delta(self) -> dt.timedelta | None:
@@ -740,3 +739,11 @@ class MinuteSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} @ {self.minute}: {self.ready} ready"
+
+
+def in_graph(job: Any) -> bool:
+    """Whether the job (a Job, or a `records.ClaimedJob`) has dependents, a container or
+    children of its own: its end has the graph to move too, so the completer sends it straight
+    to the finish's transaction rather than through the one-statement finish, which would
+    leave it anyway."""
+    return bool(job.has_dependents or job.has_children or job.parent_id is not None)
