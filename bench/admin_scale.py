@@ -98,8 +98,14 @@ def fill(total: int) -> None:
         "last_error, result"
     )
     groups = tuple(f"tenant-{g}" for g in range(20))
+    # The arguments: a tenant out of 10,000 (an argument search finds 100 jobs of one).
+    args = {
+        "postgresql": "('{\"account_id\": 7, \"tenant_id\": ' || (n % 10000) || '}')::jsonb",
+        "mysql": "CONCAT('{\"account_id\": 7, \"tenant_id\": ', n % 10000, '}')",
+        "sqlite": "'{\"account_id\": 7, \"tenant_id\": ' || (n % 10000) || '}'",
+    }[vendor]
     values = (
-        f"{_case('n', TYPES)}, '{{\"account_id\": 7}}'{json}, {state}, "
+        f"{_case('n', TYPES)}, {args}, {state}, "
         f"CASE WHEN n % 1000 < 980 THEN 1 ELSE 0 END, 3, {_case('n', QUEUES)}, 0, "
         f"{_case('n', groups)}, 1, '[]'{json}, '[]'{json}, {false}, {false}, {false}, "
         f"{false}, {false}, {false}, 0, CASE WHEN {finished} THEN NULL ELSE 1 END, {ago}, {ago}, "
@@ -278,6 +284,11 @@ def pages(box: int, child: int) -> dict[str, str]:
         "jobs has_error=yes": jobs + "?has_error=yes",
         "jobs search id": jobs + f"?q={dead}",
         "jobs search type": jobs + "?q=emails.send",
+        # 100 jobs of the million hold it; the other finds none (the whole table read).
+        "jobs search args.tenant_id=42": jobs + "?q=args.tenant_id%3D42",
+        "jobs search args (no match)": jobs + "?q=args.tenant_id%3D123456",
+        "dead jobs search args.tenant_id=42": reverse("admin:django_jobqueue_deadjob_changelist")
+        + "?q=args.tenant_id%3D42",
         "jobs children of container": jobs + f"?container={box}",
         "job page (dead)": reverse("admin:django_jobqueue_job_change", args=[dead]),
         "job page (container, 2,000 children)": reverse(

@@ -117,3 +117,26 @@ def test_other_searches_work_as_before(admin_client: Client, jobs: dict[str, Job
 )
 def test_the_grammar(term: str, clauses: list[tuple[list[str], list[Any]]]) -> None:
     assert argsearch.parse(term) == clauses
+
+
+def test_postgresql_answers_the_search_from_its_index(jobs: dict[str, Job]) -> None:
+    """On PostgreSQL the GIN index of migration 0025 answers each clause's containment test
+    (a table of a million jobs: 4 s read row by row, 0.06-0.15 s through the index,
+    bench/admin_scale.py); elsewhere there is no such index and the search reads the rows."""
+    from django.db import connection
+
+    queryset = argsearch.filtered(
+        Job.objects.all(), argsearch.parse('args.tenant_id=42 args.user.name="Ann Lee"')
+    )
+    assert set(queryset.values_list("pk", flat=True)) == {jobs["t42"].pk}
+    if connection.vendor != "postgresql":
+        assert "@>" not in str(queryset.query)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a small table: make it choose
+        plan = queryset.explain()
+    assert "jobqueue_job_args_gin" in plan, plan
+    # A list index has no containment test: a list is not an object of digit keys.
+    listed = argsearch.filtered(Job.objects.all(), argsearch.parse("args.items.1=b"))
+    assert "@>" not in str(listed.query)
+    assert set(listed.values_list("pk", flat=True)) == {jobs["odd"].pk}

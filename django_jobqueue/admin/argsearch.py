@@ -10,7 +10,10 @@ The grammar (docs: reference/admin.md, Search):
 A value that reads as a number, quoted or not, matches that number or the same text stored as
 a string (`42` finds 42 and "42"); quotes group a value with spaces; other text is a string.
 Each clause is a JSON key lookup of the ORM (PostgreSQL `->`, MySQL and SQLite
-`JSON_EXTRACT`), so it works on every database.
+`JSON_EXTRACT`), so it works on every database. Where an index answers containment
+(PostgreSQL's GIN index of the arguments, migration 0025), each clause also tests
+`args @> {"tenant_id": 42}`, which holds whenever the lookup does: the index finds the few
+rows, the lookup decides. A clause with a list index (a digit-only key) has no such test.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
+from ..dialects import get_dialect
 from ..models import Job
 
 PREFIX = "args."
@@ -111,6 +115,7 @@ def _not_a_number(name: str) -> Any:
 def filtered(jobs: QuerySet[Job], clauses: list[tuple[list[str], list[Any]]]) -> QuerySet[Job]:
     """`jobs` whose arguments hold every clause."""
     where = Q()
+    indexed = get_dialect(jobs.db).indexes_json_containment
     for n, (keys, values) in enumerate(clauses):
         # Key transforms built one by one, not "args__a__b" keyword lookups: a key named like a
         # lookup ("contains") or holding "__" stays a key. Filtered through an alias, so that
@@ -124,4 +129,18 @@ def filtered(jobs: QuerySet[Job], clauses: list[tuple[list[str], list[Any]]]) ->
         for value in values:
             either |= Q(**{f"{name}__exact": value})
         where &= either
+        if indexed and not any(key.isdecimal() for key in keys):
+            where &= _containing(keys, values)
     return jobs.filter(where)
+
+
+def _containing(keys: list[str], values: list[Any]) -> Q:
+    """`args @> {keys[0]: {...: value}}` for any of `values`: true of every row whose value
+    at the path is one of them (the index's test, beside the exact one)."""
+    either = Q()
+    for value in values:
+        document: Any = value
+        for key in reversed(keys):
+            document = {key: document}
+        either |= Q(args__contains=document)
+    return either

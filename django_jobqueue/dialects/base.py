@@ -120,6 +120,8 @@ class Dialect:
     supports_listen_notify = False
     # Whether maintain() has upkeep to do (the worker runs its maintainer duty then).
     maintains_tables = False
+    # Whether an index answers `args @> {...}` (the admin's argument search adds that test).
+    indexes_json_containment = False
     # Human-readable name of the claim strategy, for the worker's start-up line.
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED"
     # Attempts of a write transaction that hits lock contention, and its backoff.

@@ -15,10 +15,10 @@ from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
+from ..models.functions import DbNow
+from ..models.literals import array
 from ..records import Finished, FinishReport
 from .base import Dialect, seconds, statement_bound
-from .functions import DbNow
-from .literals import array
 
 try:
     from psycopg import ClientCursor
@@ -133,6 +133,7 @@ class PostgreSQLDialect(Dialect):
     can_return_rows_from_update = True
     supports_listen_notify = True
     maintains_tables = True
+    indexes_json_containment = True  # the GIN index of migration 0025
     claim_strategy = "UPDATE ... RETURNING over SELECT ... FOR UPDATE SKIP LOCKED (READ COMMITTED)"
 
     def begin(self) -> None:
