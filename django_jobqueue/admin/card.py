@@ -240,8 +240,9 @@ def times(job: Job) -> SafeString:
 def retry_note(job: Job) -> str:
     """What Retry does to the attempts of `job`."""
     return (
-        f"Attempts are never reset: it keeps its {job.attempts} and gets room for the extra ones "
-        f"(at 1, {job.attempts} of {job.attempts + 1}). What its failure cancelled runs again."
+        f"Attempts are never reset: it keeps its {job.attempts} and may run as many more "
+        f"times as the extra attempts (with 1: {job.attempts} of {job.attempts + 1}). The jobs "
+        "its failure cancelled run again too."
     )
 
 
