@@ -9,6 +9,7 @@ Screenshots go where tests/test_admin_browser.py puts them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +25,32 @@ from tests.test_admin_browser import PASSWORD, browser, shots  # noqa: F401  (fi
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
 
 
-def open_page(browser: Any, base: str, width: int) -> tuple[Any, list[str]]:  # noqa: F811
+@pytest.fixture(params=[1280, 400], ids=["desktop", "phone"])
+def ops(
+    request: Any,
+    browser: Any,  # noqa: F811
+    live_server: Any,
+) -> Iterator[tuple[Any, str, int]]:
+    """A logged-in operator's page at a desktop's, then a phone's width; no console error."""
+    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    width = request.param
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.set_default_timeout(120_000)
     page.set_default_navigation_timeout(120_000)
     problems = watch_problems(page)
-    log_in(page, base, "ops", PASSWORD)
-    return page, problems
+    log_in(page, live_server.url, "ops", PASSWORD)
+    yield page, live_server.url, width
+    page.close()
+    assert problems == []
 
 
 def message(page: Any) -> str:
     return str(page.locator("ul.messagelist").inner_text())
 
 
-@pytest.mark.parametrize("width", [1280, 400])
-def test_the_card_and_its_actions(
-    browser: Any,  # noqa: F811
-    live_server: Any,
-    shots: Path,  # noqa: F811
-    width: int,
-) -> None:
-    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
+def test_the_card_and_its_actions(ops: Any, shots: Path) -> None:  # noqa: F811
+    page, base, width = ops
     scenario = support.build()
-    base = live_server.url
-    page, problems = open_page(browser, base, width)
 
     page.goto(base + url("job_change", scenario.dead.pk))
     summary = page.locator(".jq-card-summary")
@@ -88,20 +91,10 @@ def test_the_card_and_its_actions(
     release.locator("button").click()
     assert "Released 1 job" in message(page)
     assert Job.objects.get(pk=scenario.stuck.pk).state == "ready"
-    page.close()
-    assert problems == []
 
 
-@pytest.mark.parametrize("width", [1280, 400])
-def test_enqueue_from_the_admin_and_run_again(
-    browser: Any,  # noqa: F811
-    live_server: Any,
-    shots: Path,  # noqa: F811
-    width: int,
-) -> None:
-    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    base = live_server.url
-    page, problems = open_page(browser, base, width)
+def test_enqueue_from_the_admin_and_run_again(ops: Any, shots: Path) -> None:  # noqa: F811
+    page, base, width = ops
 
     page.goto(base + url("job_changelist"))
     page.get_by_role("link", name="Enqueue a job").click()
@@ -130,5 +123,3 @@ def test_enqueue_from_the_admin_and_run_again(
     again = Job.objects.exclude(pk=job.pk).get()
     assert f"Enqueued job #{again.pk} with the arguments of job #{job.pk}" in message(page)
     assert (again.args, again.queue) == (job.args, job.queue)
-    page.close()
-    assert problems == []

@@ -314,3 +314,11 @@ def test_a_failed_enqueue_keeps_what_was_typed(admin_client: Client) -> None:
     )
     html = response.content.decode()
     assert "{&quot;n&quot;: 1}" in html and "errornote" in html
+
+
+def test_anonymous_users_are_sent_to_login(client: Client) -> None:
+    job = JobFactory()
+    for target in (url("job_enqueue"), url("job_run_again", job.pk)):
+        response = client.post(target, {"handler": "emails.send"})
+        assert response.status_code == 302 and "/login/" in response["Location"], target
+    assert Job.objects.count() == 1
