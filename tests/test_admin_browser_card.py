@@ -76,6 +76,11 @@ def test_the_card_and_its_actions(ops: Any, shots: Path) -> None:  # noqa: F811
 
     # A running job's cancel asks first: the button shows only once the operator opens it.
     page.goto(base + url("job_change", scenario.running.pk))
+    # Its live bar stands above the page's content, not against the navigation.
+    toggle = page.locator(".jq-live-toggle").bounding_box()
+    assert toggle["x"] >= page.locator(".jq-card").bounding_box()["x"] - 1
+    assert "its lease expires in" in page.locator(".jq-card-worker").inner_text()
+    page.screenshot(path=shots / f"job-card-running-{width}.png")
     cancel = page.locator("form.jq-do-cancel_jobs")
     assert not cancel.locator("button").is_visible()
     cancel.locator("summary").click()

@@ -209,9 +209,15 @@ def worker(job: Job) -> SafeString | str:
         if row is None:
             return format_html("{} ({})", job.lease_owner, display.warn("worker gone"))
         url = reverse("admin:django_jobqueue_worker_change", args=[row[0]])
+        left = display.age(job.lease_expires)
+        lease = (
+            f"its lease expires {left}"
+            if left.startswith("in ")
+            else f"its lease expired {left} ago"
+        )
         return format_html(
-            '<a href="{}">{}</a> (host {}, pid {}; {}), lease {}',
-            url, row[0], row[1], row[2], status, display.age(job.lease_expires),
+            '<a href="{}">{}</a> (host {}, pid {}; {}); {}',
+            url, row[0], row[1], row[2], status, lease,
         )  # fmt: skip
     starts = job.worker_ids or []
     if starts:
