@@ -84,6 +84,11 @@ def test_one_date_format_throughout_the_page(admin_client: Client) -> None:
     assert not re.search(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d", html)
     moments = re.findall(r"<time [^>]*>([^<]*)</time>", html)
     assert moments and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", m) for m in moments)
+    for other in support.build().jobs():  # every kind of job page: one format there too
+        text = page(admin_client, other)
+        assert not re.search(r"\b[ap]\.m\.|\b(midnight|noon)\b", text), other.state
+        found = re.findall(r"<time [^>]*>([^<]*)</time>", text)
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", m) for m in found)
     local = timezone.localtime(later).strftime("%Y-%m-%d %H:%M:%S")
     assert local in card_row(html, "waits for") and local in card_row(html, "times")
     assert 'class="jq-job-action jq-run-now"' in card(html)
