@@ -42,6 +42,8 @@ def pages(s: Scenario) -> list[str]:
         jobs + "?e=1",
         url("livelease_changelist") + f"?worker={s.stale_worker.pk}",
         url("deadjob_changelist") + "?state=dead",
+        url("job_enqueue"),
+        url("job_enqueue") + f"?from={s.dead.pk}",
         "/admin/",
     ]
 

@@ -18,7 +18,18 @@ from django.utils.safestring import SafeString, mark_safe
 from .. import conf, containers, control, sequences
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, JobSequence, JobStep, Worker
-from . import argsearch, display, durable, filters, graph, page_actions, rollup, timeline
+from . import (
+    argsearch,
+    card,
+    display,
+    durable,
+    enqueue_form,
+    filters,
+    graph,
+    page_actions,
+    rollup,
+    timeline,
+)
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -94,6 +105,7 @@ class JobAdmin(JobPagesAdmin):
         "job_steps",
         "waits_for",
         "sequence_place",
+        "run_after_time",
         "created_time",
         "updated_time",
         "started_time",
@@ -137,7 +149,7 @@ class JobAdmin(JobPagesAdmin):
                 "fields": [
                     "attempts_of",
                     "timeout",
-                    "run_after",
+                    "run_after_time",
                     "attempt_errors",
                     "traceback",
                     "runs",
@@ -151,7 +163,12 @@ class JobAdmin(JobPagesAdmin):
     ]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        return super().changelist_view(request, {"live_every": LIVE_EVERY, **(extra_context or {})})
+        context = {
+            "live_every": LIVE_EVERY,
+            "can_enqueue": page_actions.allowed(request, enqueue_form.ENQUEUE),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -166,6 +183,11 @@ class JobAdmin(JobPagesAdmin):
             "retry_steps": steps,
             "live_every": LIVE_EVERY if live else None,
             **page_actions.context(request, job),
+            **card.context(job, offered),
+            "can_enqueue": page_actions.allowed(request, enqueue_form.ENQUEUE),
+            "can_run_again": bool(job)
+            and not job.is_container
+            and page_actions.allowed(request, enqueue_form.RUN_AGAIN),
             **(extra_context or {}),
         }
         return super().change_view(request, object_id, form_url, context)
@@ -174,7 +196,11 @@ class JobAdmin(JobPagesAdmin):
         view = self.admin_site.admin_view(self.retry_from_step_view)
         send = self.admin_site.admin_view(self.send_event_view)
         run_now = self.admin_site.admin_view(self.run_now_view)
+        enqueue = self.admin_site.admin_view(self.enqueue_view)
+        again = self.admin_site.admin_view(self.run_again_view)
         own = [
+            path("enqueue/", enqueue, name="django_jobqueue_job_enqueue"),
+            path("<path:object_id>/run-again/", again, name="django_jobqueue_job_run_again"),
             path("<path:object_id>/retry-from-step/", view, name="django_jobqueue_job_retry_step"),
             path("<path:object_id>/send-event/", send, name="django_jobqueue_job_send_event"),
             path("<path:object_id>/run-now/", run_now, name="django_jobqueue_job_run_now"),
@@ -184,6 +210,14 @@ class JobAdmin(JobPagesAdmin):
     def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: send the event the job waits for (permission `send_event`)."""
         return page_actions.send_event_view(self, request, object_id)
+
+    def enqueue_view(self, request: HttpRequest) -> HttpResponse:
+        """The enqueue form (permission `enqueue_job`)."""
+        return enqueue_form.enqueue_view(self, request)
+
+    def run_again_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: enqueue a job like this one (permission `run_again`)."""
+        return enqueue_form.run_again_view(self, request, object_id)
 
     def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: make a scheduled job due now (permission `run_now`)."""
@@ -475,6 +509,7 @@ class JobAdmin(JobPagesAdmin):
     def waits_for(self, job: Job) -> SafeString | str:
         return durable.waits_for(job)
 
+    run_after_time = display.moment_column("run_after", "run after")
     created_time = display.moment_column("created_at", "created")
     updated_time = display.moment_column("updated_at", "updated")
     started_time = display.moment_column("started_at", "started (its latest claim)")

@@ -180,6 +180,8 @@ class Job(models.Model):
         permissions = [
             ("send_event", _("Can send an event to a job that waits for one")),
             ("run_now", _("Can make a scheduled job due now")),
+            ("enqueue_job", _("Can enqueue a job from the admin")),
+            ("run_again", _("Can enqueue a job again with its arguments")),
         ]
         indexes = [
             # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.

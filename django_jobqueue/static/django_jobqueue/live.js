@@ -12,6 +12,9 @@
         if (active && region.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) {
             return true;
         }
+        if (region.querySelector("details.jq-confirm[open]") !== null) {
+            return true;  /* a confirmation opened (cancel a running job): keep it open */
+        }
         return region.querySelector("input[type=checkbox]:checked") !== null;
     }
 
