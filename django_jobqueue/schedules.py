@@ -97,17 +97,23 @@ class Schedule:
             span *= 8
         return None
 
+    def describe(self) -> str:
+        """When it runs: "every 30s", or "cron '0 3 * * *' (Europe/Paris)"."""
+        if self.every is not None:
+            return f"every {self.every}s"
+        return f"cron '{self.cron}' ({self.timezone.key})"
+
     def unique_key(self, slot: dt.datetime) -> str:
         """The unique key of the job of `slot`."""
         return f"schedule:{self.name}:{slot.astimezone(dt.UTC).isoformat()}"
 
-    def job_options(self, slot: dt.datetime) -> JobOptions:
-        """The options of the job of `slot`."""
+    def job_options(self, slot: dt.datetime | None) -> JobOptions:
+        """The options of the job of `slot` (None: of a job outside the slots, "run now")."""
         return JobOptions(
             queue=self.queue,
             group=self.group,
             priority=self.priority,
-            unique_key=self.unique_key(slot),
+            unique_key=None if slot is None else self.unique_key(slot),
             uses=self.uses,
             sequence=self.sequence,
             sequence_on_failure=self.sequence_on_failure,
@@ -127,15 +133,19 @@ class Schedule:
         return latest, True
 
 
-def parse(name: Any, raw: Any, settings: conf.JobQueueSettings | None = None) -> Schedule:
+def parse(
+    name: Any, raw: Any, settings: conf.JobQueueSettings | None = None, *, label: str = ""
+) -> Schedule:
     """Return the Schedule of one SCHEDULES entry, or raise ImproperlyConfigured saying why.
 
     Its arguments, queue and `uses` are checked against `settings` (default: the settings).
+    The message begins with `label` (default: "JOBQUEUE['SCHEDULES'][<name>]").
     """
     settings = conf.get() if settings is None else settings
+    where = label or f"JOBQUEUE['SCHEDULES'][{name!r}]"
 
     def bad(problem: str) -> ImproperlyConfigured:
-        return ImproperlyConfigured(f"JOBQUEUE['SCHEDULES'][{name!r}]: {problem}")
+        return ImproperlyConfigured(f"{where}: {problem}")
 
     problem = validation.name_problem(name, 200)
     if problem:
@@ -318,33 +328,63 @@ class Standing:
     next_slots: list[dt.datetime]
     last_enqueued: dt.datetime | None
     last_job_id: int | None
+    stored: bool = False  # a row (schedule_rows.py), not the settings' or the decorator's
+    paused_at: dt.datetime | None = None  # paused since then (None: not paused)
+    run_at: dt.datetime | None = None  # the last "run now", and its job
+    run_job_id: int | None = None
+    outcome_job_id: int | None = None  # the later of the two jobs, and its state now
+    outcome: str | None = None  # a job state, or "deleted" (pruned) ; None: no job yet
+    now: dt.datetime | None = None  # the schedules' clock when this was read
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
 
 def standings(dialect: Dialect, count: int = 1) -> list[Standing]:
-    """Every schedule (ImproperlyConfigured if one is bad) with its next `count` slots, after
-    the schedules' clock's now, and the last slot a worker enqueued (ScheduleState)."""
-    from .models import ScheduleState
+    """Every schedule, of the settings (ImproperlyConfigured if one is bad) and the valid
+    stored ones, with its next `count` slots after the schedules' clock's now, the last slot a
+    worker enqueued, and the state of its last job (ScheduleState)."""
+    from . import schedule_rows
+    from .models import Job, ScheduleState
 
     found = configured()
+    names = {s.name for s in found}
+    stored = schedule_rows.stored(dialect.using).schedules
+    found = sorted(found + [s for s in stored if s.name not in names], key=lambda s: s.name)
+    stored_names = {s.name for s in stored} - names
     now = clock(dialect)()
     states = {s.name: s for s in ScheduleState.objects.using(dialect.using)}
+    latest = {
+        name: max(pk for pk in (s.job_id, s.run_job_id) if pk is not None)
+        for name, s in states.items()
+        if s.job_id is not None or s.run_job_id is not None
+    }
+    outcomes = dict(
+        Job.objects.using(dialect.using)
+        .filter(pk__in=set(latest.values()))
+        .values_list("pk", "state")
+    )
     result = []
     for schedule in found:
-        when = (
-            f"every {schedule.every}s"
-            if schedule.every is not None
-            else f"cron '{schedule.cron}' ({schedule.timezone.key})"
-        )
+        when = schedule.describe()
         slots, moment = [], now
         for _ in range(count):
             moment = schedule.next_after(moment)
             slots.append(moment.astimezone(schedule.timezone))
         state = states.get(schedule.name)
+        pk = latest.get(schedule.name)
+        extra: dict[str, Any] = {"stored": schedule.name in stored_names, "now": now}
+        if pk is not None:
+            extra.update(outcome_job_id=pk, outcome=outcomes.get(pk, "deleted"))
+        if state is not None:
+            paused_at = (state.paused_at or state.updated_at) if state.paused else None
+            extra.update(paused_at=paused_at, run_at=state.run_at, run_job_id=state.run_job_id)
         if state is None or state.enqueued_slot is None:
-            result.append(Standing(schedule, when, slots, None, None))
+            result.append(Standing(schedule, when, slots, None, None, **extra))
         else:
             last = state.enqueued_slot.astimezone(schedule.timezone)
-            result.append(Standing(schedule, when, slots, last, state.job_id))
+            result.append(Standing(schedule, when, slots, last, state.job_id, **extra))
     return result
 
 
