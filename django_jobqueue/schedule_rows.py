@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.utils.module_loading import import_string
 
 from . import conf, schedules
@@ -85,6 +86,12 @@ def check(name: Any, raw: Any) -> Schedule:
     return schedule
 
 
+def atomically[T](dialect: Dialect, func: Callable[[], T]) -> T:
+    """Run `func` in a transaction, or a savepoint of the caller's (an admin view's)."""
+    with transaction.atomic(using=dialect.using):
+        return func()
+
+
 def _dialect() -> Dialect:
     return get_dialect(conf.get().database)
 
@@ -128,7 +135,7 @@ def add(name: str, raw: dict[str, Any], *, replace: bool = False, paused: bool =
         )  # fmt: skip
 
     try:
-        dialect.run_in_transaction(txn)
+        atomically(dialect, txn)
     except IntegrityError:  # another add of the same name committed first
         raise ScheduleError(f"{label(name)} exists already.") from None
     return schedule
@@ -149,7 +156,7 @@ def remove(name: str) -> None:
             ScheduleState.objects.using(dialect.using).filter(name=name).delete()
         return deleted
 
-    if not dialect.run_in_transaction(txn):
+    if not atomically(dialect, txn):
         raise ScheduleError(f"No stored schedule is named {name!r}.")
 
 
@@ -187,7 +194,7 @@ def pause(name: str) -> bool:
     if not exists(name, dialect.using):
         raise ScheduleError(f"No schedule is named {name!r}.")
     now = _now(dialect)
-    return dialect.run_in_transaction(lambda: _set_paused(dialect, name, now))
+    return atomically(dialect, lambda: _set_paused(dialect, name, now))
 
 
 def resume(name: str) -> bool:
@@ -208,7 +215,7 @@ def resume(name: str) -> bool:
         states.update(paused=False, paused_at=None, last_slot=max(last, now))
         return True
 
-    return dialect.run_in_transaction(txn)
+    return atomically(dialect, txn)
 
 
 def find(name: str) -> Schedule:
@@ -244,7 +251,7 @@ def run_now(name: str) -> Job:
         )
         return job
 
-    return dialect.run_in_transaction(txn)
+    return atomically(dialect, txn)
 
 
 def enqueue_job(schedule: Schedule, slot: dt.datetime | None) -> Job:
