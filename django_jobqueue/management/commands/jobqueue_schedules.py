@@ -67,7 +67,11 @@ class Command(BaseCommand):
             what = "a JSON object" if key in JSON_KEYS else kind.__name__
             # Not dest=key: Django takes an option named "args" for the positional arguments.
             add.add_argument(
-                option, dest=f"key_{key}", type=kind, help=f"The {key!r} key ({what})."
+                option,
+                dest=f"key_{key}",
+                metavar=key.upper(),
+                type=kind,
+                help=f"The {key!r} key ({what}).",
             )
         add.add_argument(
             "--replace", action="store_true", help="Change the stored schedule of that name."
