@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 import django_jobqueue as jobqueue
-from django_jobqueue import schedule_rows
+from django_jobqueue import schedule_rows, schedules
 from django_jobqueue.models import Job, ScheduleDefinition, ScheduleState
 from tests.admin_support import login, make_user, url
 
@@ -126,6 +126,15 @@ def test_a_stored_schedule_is_added_changed_and_deleted_through_its_forms(
     assert ScheduleDefinition.objects.get(name="rows-poll").every == 60
     assert admin_client.post(change, {**edited, "every": "0"}).status_code == 200  # refused
     assert ScheduleDefinition.objects.get(name="rows-poll").every == 60
+
+    # The keys left empty are not given, as in a settings entry (args: {}).
+    bare = {"name": "bare", "handler": "test.noop", "cron": "*/5 * * * *", "catch_up": "skip"}
+    bare |= {"grace": "10", "priority": "0"}
+    assert admin_client.post(url("scheduledefinition_add"), bare)["Location"] == page
+    assert schedule_rows.find("bare") == schedules.parse(
+        "bare", {"handler": "test.noop", "cron": "*/5 * * * *", "catch_up": "skip", "grace": 10}
+    )
+    schedule_rows.remove("bare")
 
     delete = url("scheduledefinition_delete", "rows-poll")
     assert admin_client.post(delete, {"post": "yes"}).status_code == 302
