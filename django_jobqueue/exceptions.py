@@ -34,6 +34,10 @@ class HandlerRegistrationError(JobQueueError):
     """A handler key was registered twice for different callables, or is malformed."""
 
 
+class ScheduleError(JobQueueError, ValueError):
+    """A schedule cannot be stored, paused, resumed, removed or run as asked; nothing changed."""
+
+
 class UnsupportedDatabaseError(JobQueueError):
     """The database cannot run a job queue (too old, wrong engine or vendor)."""
 

@@ -97,17 +97,23 @@ class Schedule:
             span *= 8
         return None
 
+    def describe(self) -> str:
+        """When it runs: "every 30s", or "cron '0 3 * * *' (Europe/Paris)"."""
+        if self.every is not None:
+            return f"every {self.every}s"
+        return f"cron '{self.cron}' ({self.timezone.key})"
+
     def unique_key(self, slot: dt.datetime) -> str:
         """The unique key of the job of `slot`."""
         return f"schedule:{self.name}:{slot.astimezone(dt.UTC).isoformat()}"
 
-    def job_options(self, slot: dt.datetime) -> JobOptions:
-        """The options of the job of `slot`."""
+    def job_options(self, slot: dt.datetime | None) -> JobOptions:
+        """The options of the job of `slot` (None: of a job outside the slots, "run now")."""
         return JobOptions(
             queue=self.queue,
             group=self.group,
             priority=self.priority,
-            unique_key=self.unique_key(slot),
+            unique_key=None if slot is None else self.unique_key(slot),
             uses=self.uses,
             sequence=self.sequence,
             sequence_on_failure=self.sequence_on_failure,
@@ -127,15 +133,19 @@ class Schedule:
         return latest, True
 
 
-def parse(name: Any, raw: Any, settings: conf.JobQueueSettings | None = None) -> Schedule:
+def parse(
+    name: Any, raw: Any, settings: conf.JobQueueSettings | None = None, *, label: str = ""
+) -> Schedule:
     """Return the Schedule of one SCHEDULES entry, or raise ImproperlyConfigured saying why.
 
     Its arguments, queue and `uses` are checked against `settings` (default: the settings).
+    The message begins with `label` (default: "JOBQUEUE['SCHEDULES'][<name>]").
     """
     settings = conf.get() if settings is None else settings
+    where = label or f"JOBQUEUE['SCHEDULES'][{name!r}]"
 
     def bad(problem: str) -> ImproperlyConfigured:
-        return ImproperlyConfigured(f"JOBQUEUE['SCHEDULES'][{name!r}]: {problem}")
+        return ImproperlyConfigured(f"{where}: {problem}")
 
     problem = validation.name_problem(name, 200)
     if problem:
@@ -306,46 +316,6 @@ def schedule(
         return func
 
     return decorator
-
-
-@dataclasses.dataclass(frozen=True)
-class Standing:
-    """Where one schedule stands, as `jobqueue_schedules` and the admin's Schedules page show
-    it: when it runs, its next slots and its last enqueued one (in its time zone)."""
-
-    schedule: Schedule
-    when: str  # "every 30s", or "cron '0 3 * * *' (Europe/Paris)"
-    next_slots: list[dt.datetime]
-    last_enqueued: dt.datetime | None
-    last_job_id: int | None
-
-
-def standings(dialect: Dialect, count: int = 1) -> list[Standing]:
-    """Every schedule (ImproperlyConfigured if one is bad) with its next `count` slots, after
-    the schedules' clock's now, and the last slot a worker enqueued (ScheduleState)."""
-    from .models import ScheduleState
-
-    found = configured()
-    now = clock(dialect)()
-    states = {s.name: s for s in ScheduleState.objects.using(dialect.using)}
-    result = []
-    for schedule in found:
-        when = (
-            f"every {schedule.every}s"
-            if schedule.every is not None
-            else f"cron '{schedule.cron}' ({schedule.timezone.key})"
-        )
-        slots, moment = [], now
-        for _ in range(count):
-            moment = schedule.next_after(moment)
-            slots.append(moment.astimezone(schedule.timezone))
-        state = states.get(schedule.name)
-        if state is None or state.enqueued_slot is None:
-            result.append(Standing(schedule, when, slots, None, None))
-        else:
-            last = state.enqueued_slot.astimezone(schedule.timezone)
-            result.append(Standing(schedule, when, slots, last, state.job_id))
-    return result
 
 
 def clock(dialect: Dialect) -> Clock:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_jobqueue import enqueue, inbox, leases, pausing
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.models import Effect, Job, Limit, ScheduleState, Worker
+from django_jobqueue.models import Effect, Job, Limit, ScheduleDefinition, ScheduleState, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,9 +83,10 @@ def _worker(pk: str) -> Worker:
         (Worker, _worker),
         (Limit, lambda name: Limit(name=name)),
         (ScheduleState, lambda name: ScheduleState(name=name, last_slot=timezone.now())),
+        (ScheduleDefinition, lambda name: ScheduleDefinition(name=name, every=5)),
         (Effect, lambda key: Effect(key=key)),
     ],
-    ids=["worker-id", "limit-name", "schedule-name", "effect-key"],
+    ids=["worker-id", "limit-name", "schedule-name", "stored-schedule-name", "effect-key"],
 )
 def test_names_that_differ_only_loosely_are_distinct_rows(model: Any, make: Any):
     model.objects.bulk_create([make(name) for name in ["résumé-1", *LOOSE_TWINS]])

@@ -45,8 +45,9 @@ def test_idle_worker_closes_its_handler_threads_connections(start_worker):
 
 def test_a_workers_duties_hold_a_fixed_number_of_connections(account, start_worker):
     """Whatever its concurrency and duties, an idle worker holds the connections of its
-    dispatcher, heartbeat, completer and housekeeper (promoter, reclaimer, recorder, closer,
-    pruner on one), and on PostgreSQL its listener's and maintainer's: 6, or 4 on MariaDB.
+    dispatcher, heartbeat, completer and housekeeper (promoter, reclaimer, recorder, scheduler,
+    closer, pruner on one), and on PostgreSQL its listener's and maintainer's: 6, or 4 on
+    MariaDB.
     Before the housekeeper, each of those five duties held one of its own (9 or 7 here)."""
     expected = 6 if connection.vendor == "postgresql" else 4
     worker = start_worker(
@@ -62,7 +63,7 @@ def test_a_workers_duties_hold_a_fixed_number_of_connections(account, start_work
     for job in jobs:
         assert wait_for_job(job.pk, *FINAL, timeout=120).state == "done"
     (duties,) = [line for line in worker.output().splitlines() if " duties: " in line]
-    assert "housekeeper (promoter, reclaimer, recorder, closer, pruner)" in duties
+    assert "housekeeper (promoter, reclaimer, recorder, scheduler, closer, pruner)" in duties
     # The handler threads close theirs once idle (executor.IDLE_CLOSE); the duties keep theirs.
     poll(lambda: len(account.sessions()) == expected, timeout=60)
     assert worker.stop() == 0

@@ -8,13 +8,13 @@ from django.contrib import admin
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.db.models.fields.json import KT
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import Job
-from . import display, filters, rollup
+from . import bulk, display, filters, rollup
 from .actions import JobActionForm
 from .paging import capped_paginator
 
@@ -67,6 +67,14 @@ class JobPagesAdmin(OwnFiltersAdmin):
     list_per_page = 50
     sortable_by = ()
     list_display_links = None
+
+    def select_all_response(
+        self, name: str, request: HttpRequest, queryset: QuerySet[Any], options: dict[str, Any]
+    ) -> HttpResponse | None:
+        """What action `name` answers when "select all" chose the whole filtered list: its
+        confirmation, or its hand-over to a job of the queue (bulk.py); None to run it in the
+        request (`actions` calls this, and so never imports `bulk`)."""
+        return bulk.by_filter(name, self, request, queryset, options)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         title = str(self.model._meta.verbose_name_plural).capitalize()

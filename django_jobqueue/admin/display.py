@@ -29,6 +29,7 @@ STATE_COLOURS = {
     Job.State.CANCELLED: "#4e342e",
 }
 NONE = mark_safe("-")
+RELATIVE_UNITS = (("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1))
 STYLESHEET = "django_jobqueue/admin.css"
 
 
@@ -71,6 +72,19 @@ def age(when: dt.datetime | None, now: dt.datetime | None = None) -> str:
     seconds = ((now or timezone.now()) - when).total_seconds()
     text = duration(abs(seconds))
     return text if seconds >= 0 else f"in {text}"
+
+
+def relative(moment: dt.datetime | None, now: dt.datetime) -> str:
+    """How far `moment` is from `now`, in one unit: 'in 20 s', '3 min ago', 'in 2 h', '4 d ago'."""
+    if moment is None:
+        return "-"
+    seconds = (moment - now).total_seconds()
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    unit, length = next((u, n) for u, n in RELATIVE_UNITS if size >= n)
+    text = f"{int(size // length)} {unit}"
+    return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
 def when(moment: dt.datetime | None) -> str:

@@ -8,8 +8,8 @@
 - the reclaimer (`reclaimer`): leases of workers that are gone;
 - the closer (`closer`): containers left open past OPEN_CONTAINER_TIMEOUT;
 - with --burst, `burst`: what is left to do before the worker exits;
-- the schedule runner (`schedule_runner`, with JOBQUEUE["SCHEDULES"]): enqueues due schedule
-  slots;
+- the schedule runner (`schedule_runner`): enqueues due slots of JOBQUEUE["SCHEDULES"] and of
+  the schedules stored as rows, which it re-reads every few seconds;
 - the pruner (`pruner`, with JOBQUEUE["RETENTION"]): deletes old finished jobs;
 - the listener (`listener`, PostgreSQL): push wake-up;
 - the maintainer (`maintainer`, PostgreSQL): VACUUM and ANALYZE where autovacuum lags;
@@ -274,17 +274,17 @@ class JobWorker:
             dialect, worker_id=self.worker_id, tally=tally, lock_timeout=lock_timeout
         )
         house: list[Duty] = [promoter, reclaimer, recorder]
-        if self.schedules:
-            house.append(
-                ScheduleRunner(
-                    dialect,
-                    schedules=self.schedules,
-                    clock=schedules.clock(dialect),
-                    # A test clock may run faster than time: look at it every poll.
-                    interval=self.poll_interval if conf.schedule_clock else 60.0,
-                    lock_timeout=lock_timeout,
-                )
+        # Always: a schedule stored as a row may be added while it runs.
+        house.append(
+            ScheduleRunner(
+                dialect,
+                schedules=self.schedules,
+                clock=schedules.clock(dialect),
+                # A test clock may run faster than time: look at it every poll.
+                interval=self.poll_interval if conf.schedule_clock else 60.0,
+                lock_timeout=lock_timeout,
             )
+        )
         if conf.open_container_timeout is not None:
             house.append(
                 Closer(
