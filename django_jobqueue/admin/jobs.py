@@ -18,7 +18,17 @@ from django.utils.safestring import SafeString, mark_safe
 from .. import conf, containers, control, sequences
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, JobSequence, JobStep, Worker
-from . import argsearch, display, durable, filters, graph, page_actions, rollup, timeline
+from . import (
+    argsearch,
+    display,
+    durable,
+    filters,
+    graph,
+    logs,
+    page_actions,
+    rollup,
+    timeline,
+)
 from .actions import (
     cancel_jobs,
     delete_finished_jobs,
@@ -165,6 +175,7 @@ class JobAdmin(JobPagesAdmin):
             "job_actions": offered,
             "retry_steps": steps,
             "live_every": LIVE_EVERY if live else None,
+            "job_log": logs.render(job) if job else None,
             **page_actions.context(request, job),
             **(extra_context or {}),
         }
