@@ -77,19 +77,23 @@ def test_a_long_line_is_cut_to_the_default_length(start_worker):
     worker.stop()
 
 
-def test_a_killed_worker_loses_only_the_lines_after_its_last_step(start_worker, tmp_path: Path):
+@pytest.mark.parametrize("key", ["logs.crashes", "logs.acrashes"])
+def test_a_killed_worker_loses_only_the_lines_after_its_last_step(
+    start_worker, tmp_path: Path, key: str
+):
     marker = str(tmp_path / "calls")
-    job = jobqueue.enqueue("logs.crashes", {"marker": marker}, max_attempts=3)
+    job = jobqueue.enqueue(key, {"marker": marker}, max_attempts=3)
     doomed = start_worker(*SHORT_LEASE)
     poll(lambda: lines(marker) == ["holding"])
+    prefix = "async " if key == "logs.acrashes" else ""
     # Written with the step: the line before it; the one after it waits in memory.
-    assert kept(job) == [(1, "INFO", "before the step, attempt 1")]
+    assert kept(job) == [(1, "INFO", f"{prefix}before the step, attempt 1")]
     doomed.kill()
     start_worker(*SHORT_LEASE)
     done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert done.state == Job.State.DONE, done.last_error
     assert kept(job) == [
-        (1, "INFO", "before the step, attempt 1"),
-        (2, "INFO", "before the step, attempt 2"),  # the step is replayed: no write there
-        (2, "INFO", "after the step, attempt 2"),
+        (1, "INFO", f"{prefix}before the step, attempt 1"),
+        (2, "INFO", f"{prefix}before the step, attempt 2"),  # the step is replayed: no write
+        (2, "INFO", f"{prefix}after the step, attempt 2"),
     ]

@@ -88,6 +88,22 @@ def crashes(ctx: jobqueue.JobContext, marker: str, hold: float = 60.0) -> str:
     return "survived"
 
 
+async def _one() -> str:
+    return "one"
+
+
+@jobqueue.handler("logs.acrashes", takes_context=True)
+async def acrashes(ctx: jobqueue.AsyncJobContext, marker: str, hold: float = 60.0) -> str:
+    """The async twin of logs.crashes (its step a coroutine function: awaited on the loop)."""
+    ctx.logger.info("async before the step, attempt %s", ctx.attempt)
+    await ctx.step("one", _one)
+    ctx.logger.info("async after the step, attempt %s", ctx.attempt)
+    if ctx.attempt == 1:
+        mark(marker, "holding")
+        await asyncio.sleep(hold)
+    return "survived"
+
+
 @jobqueue.handler("logs.plain_logging", takes_context=True)
 def plain_logging(ctx: jobqueue.JobContext) -> None:
     """A line through a module's own logger (not kept) and one through ctx.logger (kept)."""
