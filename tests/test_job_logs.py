@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 from io import StringIO
 
+import django
 import pytest
 from django.core.management import call_command
 from django.test import Client
@@ -153,6 +154,15 @@ def test_a_line_whose_arguments_do_not_fit_is_kept_as_it_was_given():
     assert joblogs._message("too few %s %s", ("args",), None, 100) == (
         "'too few %s %s' (arguments that do not fit it: ('args',))"
     )
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django 6.0+")
+def test_a_django_task_keeps_what_it_logs_through_its_context():
+    from tests.testapp import tasks
+
+    result = tasks.logged.enqueue("nightly")
+    run_jobs()
+    assert kept(Job.objects.get(pk=result.id)) == [(1, "INFO", "task nightly, attempt 1")]
 
 
 def test_only_ctx_logger_lines_are_kept():
