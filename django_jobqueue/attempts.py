@@ -163,7 +163,7 @@ def _run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome 
         finally:
             flight.leave_handler()
             _flush_progress(flight)
-            _flush_lines(flight)
+            _end_lines(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
         mismatch = _mismatch(flight)
         if mismatch is not None:
@@ -206,16 +206,11 @@ def _flush_progress(flight: InFlight) -> None:
             logger.warning("Could not record the progress of job id=%s", flight.job.pk)
 
 
-def _flush_lines(flight: InFlight) -> None:
-    """Write the log lines the run kept and has not written yet (joblogs.py)."""
+def _end_lines(flight: InFlight) -> None:
+    """Keep no more log lines of the run: the worker's writer writes the ones it kept with
+    its outcome (joblogs.write_ended)."""
     if flight.context is not None:
-        flight.context._lines.flush(final=True)
-
-
-def _flush_run(flight: InFlight) -> None:
-    """What a run leaves to write when it ends: its last progress, its log lines."""
-    _flush_progress(flight)
-    _flush_lines(flight)
+        flight.context._lines.end()
 
 
 def is_async(job: ClaimedJob) -> bool:
@@ -260,11 +255,9 @@ async def _run_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight)
             raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
         finally:
             flight.leave_handler()
-            context = flight.context
-            if context is not None and (
-                context._progress.pending is not None or context._lines.end()
-            ):
-                await sync_to_async(_flush_run)(flight)  # off the loop, as its calls
+            _end_lines(flight)
+            if flight.context is not None and flight.context._progress.pending is not None:
+                await sync_to_async(_flush_progress)(flight)  # off the loop, as its calls
     except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
         return _failed(flight, _mismatch(flight) or exc)
     return _succeeded(flight, result, conf)

@@ -3,10 +3,11 @@
 `ctx.logger` is a LoggerAdapter of the "django_jobqueue.job" logger: each record goes to the
 application's logging as any other (with the job's id, handler key and attempt as `extra`),
 and those at JOBQUEUE["JOB_LOG_LEVEL"] and above are also kept in memory, whatever the logging
-configuration lets through. The kept lines are written as JobLogLine rows in one statement
-when the run of the attempt ends (returns, raises, suspends) and after each step that
-recorded its result, outside any other transaction: a crash loses only the lines not written
-yet, and a failure to write them is logged and never fails the job.
+configuration lets through. The kept lines are written as JobLogLine rows: by the worker's
+writer just before it records the run's outcome (`write_ended`: the lines of the outcomes it
+writes together in one statement), and after each step that recorded its result (`flush`, in
+the handler's thread); never inside another transaction of the worker's. A crash loses only
+the lines not written yet, and a failure to write them is logged and never fails the job.
 
 Each attempt keeps at most JOB_LOG_MAX_LINES lines of at most JOB_LOG_MAX_LINE_LENGTH
 characters; the lines past the cap are counted, and one line saying how many were dropped is
@@ -23,13 +24,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
 from .conf import JobQueueSettings, level_number
 from .models import JobLogLine
+
+if TYPE_CHECKING:
+    from .dialects import Dialect
 
 # The logger every job's ctx.logger logs through (with the job in `extra`).
 LOGGER_NAME = "django_jobqueue.job"
@@ -78,6 +82,7 @@ class Lines:
         # has the same attempt): read at the first write of a job that has records, else 0.
         self.earlier: int | None = None if resumed else 0
         self.closed = False  # the run ended: later lines (from its leftover threads) are dropped
+        self.settled = False  # the run's last lines were taken to be written (at most once)
         self.lock = threading.Lock()
 
     def add(self, level: int, msg: Any, args: Any, exc_info: Any) -> None:
@@ -112,26 +117,38 @@ class Lines:
 
         Not inside a transaction of the handler's (a step called in `atomic()`): the lines
         would share its fate; they wait for the next write instead (at the latest the
-        run's end, when no transaction of the handler's is open).
+        run's end, when the worker writes them: `write_ended`).
         """
-        connection = connections[self.using]
-        if not final and connection.in_atomic_block:
+        if not final and connections[self.using].in_atomic_block:
             return
-        with self.lock:
-            lines, self.pending = self.pending, []
-            if final:
-                self.closed = True
+        lines = self.take(final=final)
         if not lines and not (final and self.dropped):
             return
         try:
-            self._write(lines, final)
+            rows = self.rows(lines, final=final)
+            if rows:
+                # A savepoint if the handler left a transaction open: a failure here does
+                # not break it.
+                with transaction.atomic(using=self.using):
+                    JobLogLine.objects.using(self.using).bulk_create(rows)
         except Exception:
             logger.warning(
                 "Could not store %s log line(s) of job id=%s attempt=%s",
                 len(lines), self.job_id, self.attempt, exc_info=True,
             )  # fmt: skip
 
-    def _write(self, lines: list[Line], final: bool) -> None:
+    def take(self, *, final: bool) -> list[Line]:
+        """Take the pending lines to write them; `final`: the run ended, keep no more."""
+        with self.lock:
+            lines, self.pending = self.pending, []
+            if final:
+                self.closed = True
+        return lines
+
+    def rows(self, lines: list[Line], *, final: bool) -> list[JobLogLine]:
+        """The rows of `lines` within the attempt's cap, and at the run's end (`final`) the
+        line that says how many were dropped. Reads how many lines the attempt's earlier
+        runs wrote, the first time it needs to."""
         if self.earlier is None:
             stored = JobLogLine.objects.using(self.using)
             self.earlier = stored.filter(job_id=self.job_id, attempt=self.attempt).count()
@@ -141,6 +158,8 @@ class Lines:
                 self.dropped += len(lines) - room
             lines = lines[:room]
         rows = [self._row(logged, level, text) for logged, level, text in lines]
+        if final:
+            self.settled = True
         if final and self.dropped:
             lines_dropped = "1 line" if self.dropped == 1 else f"{self.dropped} lines"
             note = (
@@ -148,13 +167,8 @@ class Lines:
                 "(JOBQUEUE['JOB_LOG_MAX_LINES'])"
             )
             rows.append(self._row(time.time(), logging.WARNING, note))
-        if not rows:
-            return
-        # One statement (SQLite splits it past its limit of parameters); a savepoint when the
-        # handler left a transaction open, so that a failure here does not break it.
-        with transaction.atomic(using=self.using):
-            JobLogLine.objects.using(self.using).bulk_create(rows)
         self.written += len(lines)
+        return rows
 
     def _row(self, logged: float, level: int, text: str) -> JobLogLine:
         return JobLogLine(
@@ -164,6 +178,33 @@ class Lines:
             logged_at=dt.datetime.fromtimestamp(logged, dt.UTC),
             message=text,
         )
+
+
+def write_ended(dialect: Dialect, ended: Sequence[Lines]) -> None:
+    """Write what the runs that ended (`ended`) kept and have not written yet, together: one
+    statement, in a short transaction of its own (a savepoint of the caller's open one); log
+    a failure, never raise it.
+
+    The worker's writer calls it (through `outcomes.record`) just before it writes the
+    outcomes of those runs: the lines of the outcomes it writes together share one INSERT
+    and one commit, and are there by the time the job is final.
+    """
+    rows: list[JobLogLine] = []
+    try:
+        for lines in ended:
+            if lines.settled:  # an outcome written again (its row was busy): done already
+                continue
+            taken = lines.take(final=True)
+            if taken or lines.dropped:
+                rows.extend(lines.rows(taken, final=True))
+        if rows:
+            objects = JobLogLine.objects.using(dialect.using)
+            dialect.run_in_caller_transaction(lambda: objects.bulk_create(rows))
+    except Exception:
+        logger.warning(
+            "Could not store the log lines of job(s) %s",
+            ", ".join(sorted({f"id={lines.job_id}" for lines in ended})), exc_info=True,
+        )  # fmt: skip
 
 
 def _message(msg: Any, args: Any, exc_info: Any, limit: int) -> str:

@@ -144,9 +144,12 @@ def test_lines_no_database_takes_as_they_are_are_stored_escaped():
     run_jobs()
     assert [message for _, _, message in kept(job)] == [
         "nul:\\x00:end",
-        "surrogate:\\ud800:end",
         "emoji: \N{SNAKE}",
     ]
+
+
+def test_a_lone_surrogate_is_kept_escaped():
+    assert joblogs._message("surrogate:\ud800:end", (), None, 100) == "surrogate:\\ud800:end"
 
 
 def test_a_line_whose_arguments_do_not_fit_is_kept_as_it_was_given():
@@ -177,7 +180,7 @@ def test_lines_that_cannot_be_stored_are_logged_and_fail_nothing(caplog):
     jobqueue.enqueue("logs.self_deleting")
     with caplog.at_level(logging.WARNING, logger="django_jobqueue.joblogs"):
         run_jobs()
-    assert "Could not store 1 log line(s) of job" in caplog.text
+    assert "Could not store the log lines of job(s) id=" in caplog.text
     assert not JobLogLine.objects.exists()
 
 

@@ -52,9 +52,9 @@ def flood(ctx: jobqueue.JobContext, count: int, long: int = 0) -> int:
 
 @jobqueue.handler("logs.odd", takes_context=True)
 def odd(ctx: jobqueue.JobContext) -> None:
-    """Lines no database stores as they are: a NUL, a lone surrogate."""
+    """A line no database stores as it is (a NUL), and one every database takes (an emoji).
+    (A lone surrogate is tested without logging it: pytest-xdist cannot send such a record.)"""
     ctx.logger.info("nul:\x00:end")
-    ctx.logger.info("surrogate:\ud800:end")
     ctx.logger.info("emoji: \N{SNAKE}")
 
 
