@@ -97,3 +97,13 @@ def test_a_killed_worker_loses_only_the_lines_after_its_last_step(
         (2, "INFO", f"{prefix}before the step, attempt 2"),  # the step is replayed: no write
         (2, "INFO", f"{prefix}after the step, attempt 2"),
     ]
+
+
+def test_a_timed_out_attempt_keeps_the_lines_it_logged(start_worker):
+    """The worker records the timeout while the handler still runs: the lines kept by then
+    are written with that outcome."""
+    job = jobqueue.enqueue("logs.hangs", timeout=1, max_attempts=1)
+    start_worker(*FAST)
+    dead = wait_for_job(job.pk, Job.State.DEAD)
+    assert dead.last_error["type"].endswith("JobTimeout")
+    assert kept(job) == [(1, "WARNING", "about to hang")]

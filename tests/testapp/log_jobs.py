@@ -109,3 +109,12 @@ def plain_logging(ctx: jobqueue.JobContext) -> None:
     """A line through a module's own logger (not kept) and one through ctx.logger (kept)."""
     logging.getLogger("tests.testapp.log_jobs").warning("through the module's logger")
     ctx.logger.warning("through ctx.logger")
+
+
+@jobqueue.handler("logs.hangs", takes_context=True)
+def hangs(ctx: jobqueue.JobContext, seconds: float = 30.0) -> None:
+    """Log a line, then run past any short timeout."""
+    ctx.logger.warning("about to hang")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
