@@ -20,7 +20,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from . import leases, limits, registry, signals, telemetry, validation, wake
+from . import joblogs, leases, limits, registry, signals, telemetry, validation, wake
 from .conf import JobQueueSettings
 from .context import AsyncJobContext, JobContext
 from .dialects import Dialect
@@ -163,6 +163,7 @@ def _run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome 
         finally:
             flight.leave_handler()
             _flush_progress(flight)
+            _end_lines(flight)
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
         mismatch = _mismatch(flight)
         if mismatch is not None:
@@ -203,6 +204,13 @@ def _flush_progress(flight: InFlight) -> None:
             context._progress.flush(context)
         except Exception:  # progress is for display: it never fails an attempt
             logger.warning("Could not record the progress of job id=%s", flight.job.pk)
+
+
+def _end_lines(flight: InFlight) -> None:
+    """Keep no more log lines of the run: the worker's writer writes the ones it kept with
+    its outcome (joblogs.write_ended)."""
+    if flight.context is not None:
+        flight.context._lines.end()
 
 
 def is_async(job: ClaimedJob) -> bool:
@@ -247,6 +255,7 @@ async def _run_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight)
             raise JobTimeout(f"job ran longer than its timeout of {timeout}s") from None
         finally:
             flight.leave_handler()
+            _end_lines(flight)
             if flight.context is not None and flight.context._progress.pending is not None:
                 await sync_to_async(_flush_progress)(flight)  # off the loop, as its calls
     except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
@@ -414,6 +423,7 @@ def _context(
         _places=flight.job.places,
         _apply_limits=flight.apply_limits,
         _counted_at=flight.counted_at if flight.rated_units else None,
+        _log_limits=joblogs.Limits.of(conf),
     )
     flight.context = context
     return (context,)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import logging
 from collections.abc import Callable, Mapping
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,11 @@ if HAS_TASKS:
         handler's JobContext (steps, sleeps, events, children, progress)."""
 
         job: JobContext
+
+        @property
+        def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+            """See `JobContext.logger`: the lines are kept with the task's attempt."""
+            return self.job.logger
 
         def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             """See `JobContext.step`."""

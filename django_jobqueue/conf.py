@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import difflib
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -79,6 +80,11 @@ class JobQueueSettings:
     # traces and metrics through the application's OpenTelemetry providers (telemetry/): True,
     # or a dict of TELEMETRY_OPTIONS; False (the default) imports nothing of OpenTelemetry
     opentelemetry: bool | dict[str, Any] = False
+    # what ctx.logger keeps with each attempt (joblogs.py): the lowest level (a number or a
+    # name, "INFO"), the lines an attempt keeps (0: none), and the characters of one line
+    job_log_level: int | str = "INFO"
+    job_log_max_lines: int = 1000
+    job_log_max_line_length: int = 2000
 
     def retention_ages(self) -> dict[str, dt.timedelta]:
         """The states RETENTION prunes, with their ages."""
@@ -442,6 +448,53 @@ def _retention(conf: JobQueueSettings) -> Iterator[Problem]:
                 yield Problem("RETENTION", f"JOBQUEUE['RETENTION'][{state!r}]: {exc}", (state,))
 
 
+def level_number(level: int | str) -> int:
+    """A logging level given as a number or as a name logging knows ("INFO"); else ValueError."""
+    if isinstance(level, bool) or not isinstance(level, int | str):
+        raise ValueError(f"{level!r} is not a logging level")
+    if isinstance(level, int):
+        if level < 0:
+            raise ValueError(f"{level!r} is not a logging level")
+        return level
+    names = logging.getLevelNamesMapping()
+    if level not in names:
+        raise ValueError(f"{level!r} is not a logging level ({', '.join(names)})")
+    return names[level]
+
+
+# The longest line ctx.logger keeps (JOB_LOG_MAX_LINE_LENGTH).
+MAX_LOG_LINE_LENGTH = 1_000_000
+
+
+def _job_logs(conf: JobQueueSettings) -> Iterator[Problem]:
+    """JOB_LOG_LEVEL, JOB_LOG_MAX_LINES and JOB_LOG_MAX_LINE_LENGTH."""
+    try:
+        level_number(conf.job_log_level)
+    except ValueError:
+        yield Problem(
+            "JOB_LOG_LEVEL",
+            "JOBQUEUE['JOB_LOG_LEVEL'] must be a logging level: a number >= 0 or a name "
+            f"logging knows ('INFO', 'WARNING', ...), not {conf.job_log_level!r}.",
+        )
+    lines = conf.job_log_max_lines
+    if isinstance(lines, bool) or not isinstance(lines, int) or not 0 <= lines <= INT_MAX:
+        yield Problem(
+            "JOB_LOG_MAX_LINES",
+            f"JOBQUEUE['JOB_LOG_MAX_LINES'] must be an integer from 0 (keep none) to {INT_MAX}.",
+        )
+    length = conf.job_log_max_line_length
+    if (
+        isinstance(length, bool)
+        or not isinstance(length, int)
+        or not 10 <= length <= MAX_LOG_LINE_LENGTH
+    ):
+        yield Problem(
+            "JOB_LOG_MAX_LINE_LENGTH",
+            "JOBQUEUE['JOB_LOG_MAX_LINE_LENGTH'] must be an integer from 10 to "
+            f"{MAX_LOG_LINE_LENGTH:,} (characters).",
+        )
+
+
 # The options JOBQUEUE["OPENTELEMETRY"] takes as a dict, with their defaults: whether to trace,
 # whether to record metrics, and the seconds between two reads of the queue gauges.
 TELEMETRY_OPTIONS: dict[str, Any] = {"TRACES": True, "METRICS": True, "GAUGE_INTERVAL": 5.0}
@@ -499,6 +552,7 @@ SECTIONS: tuple[Callable[[JobQueueSettings], Iterable[Problem]], ...] = (
     _schedules,
     _retention,
     _telemetry,
+    _job_logs,
 )
 
 

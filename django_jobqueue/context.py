@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from . import budgets, durable, maps
+from . import budgets, durable, joblogs, maps
 from .budgets import Grant
 from .leases import Lease, renew_leases
 from .models import Job
@@ -33,6 +33,10 @@ class JobContext:
         worker_id: The id of the worker running it.
         lease_ttl: The lease TTL that `renew_lease()` applies: the worker's ``--lease-ttl``,
             else ``JOBQUEUE["LEASE_TTL"]``.
+        logger: A `logging.LoggerAdapter` of the "django_jobqueue.job" logger: what the handler
+            logs through it goes to the project's logging (with ``job_id``, ``job_type`` and
+            ``attempt`` as extra fields), and the lines at ``JOBQUEUE["JOB_LOG_LEVEL"]`` and
+            above are kept with this attempt (`JobLogLine`, shown on the job's admin page).
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class JobContext:
         # claim counted the job's rated `uses` (None: it counted none).
         _apply_limits: bool = True,
         _counted_at: dt.datetime | None = None,
+        # What ctx.logger keeps (JOBQUEUE["JOB_LOG_*"]); None: the defaults.
+        _log_limits: joblogs.Limits | None = None,
     ) -> None:
         self._job = job
         self.attempt = attempt
@@ -70,6 +76,10 @@ class JobContext:
         """The running job's primary key."""
         self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded, _places)
         self._progress = durable.Progress()
+        # Made here, not at first use: AsyncJobContext._of() copies this object's fields.
+        self._lines = joblogs.Lines(
+            _dialect.using, self.job_id, attempt, _log_limits or joblogs.Limits(), job.has_steps
+        )
 
     def __repr__(self) -> str:
         return (
@@ -84,6 +94,11 @@ class JobContext:
         if isinstance(self._job, ClaimedJob):
             self._job = self._job.model()
         return self._job
+
+    @cached_property
+    def logger(self) -> joblogs.JobLogger:
+        """The job's logger: see the class's attributes (a LoggerAdapter, made at first use)."""
+        return joblogs.JobLogger(self._lines, self._job.type)
 
     @property
     def _lease(self) -> Lease:

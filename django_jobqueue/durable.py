@@ -292,6 +292,8 @@ class Work:
             value = self._stored(self.fn(*self.args, **self.kwargs))
             write(ctx, self.name, self.seq, value, time.monotonic() - started)
         ctx._calls.remember(self.name, self.seq, value)
+        if ctx._lines.pending:  # a step boundary: the lines so far survive a crash after it
+            ctx._lines.flush()
         return value
 
     async def awaited(self) -> Any:
@@ -308,6 +310,8 @@ class Work:
         value = self._stored(await self.fn(*self.args, **self.kwargs))
         record = (self.ctx, self.name, self.seq, value, time.monotonic() - started)
         await Batch.of(self.ctx._dialect).record(record)
+        if self.ctx._lines.pending:  # a step boundary, as in _call
+            await _in_thread(self.ctx._lines.flush)
         return value
 
     def _stored(self, result: Any) -> Any:

@@ -51,7 +51,7 @@ class JobOptions:
         """Check `sequence` and `sequence_on_failure`; return their Job field values.
 
         A sequenced job is marked as having dependents: its end has its sequence to move, so
-        it takes the finish's full transaction (see `records.in_graph`).
+        it takes the finish's full transaction (see `models.in_graph`).
         """
         on_failure = validation.check_choice(
             "sequence_on_failure",

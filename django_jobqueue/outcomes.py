@@ -16,7 +16,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 
-from . import leases, signals, suspensions, telemetry
+from . import joblogs, leases, signals, suspensions, telemetry
 from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_plan
 from .conf import JobQueueSettings
 from .dialects import Dialect
@@ -68,6 +68,11 @@ def record(
     None means the lease was lost and nothing was written. The outcomes returned wrote nothing:
     write them again later. `on_refused` runs after each write the database refused.
     """
+    # The runs' log lines first (one statement for all, never failing the outcomes): they are
+    # there once the jobs are final.
+    ended = [o.flight.context._lines for o in outcomes if o.flight.context is not None]
+    if ended:
+        joblogs.write_ended(dialect, ended)
     failed = [o for o in outcomes if not o.succeeded and not o.flight.recorded]
     done = [o for o in outcomes if o.succeeded]
     suspended = [o for o in failed if isinstance(o.error, Suspend | RateLimited)]

@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from .dialects import Dialect
-from .models import Job, JobDependency, JobStep, JobWait
+from .models import Job, JobDependency, JobLogLine, JobMap, JobStep, JobWait
 from .models.functions import DbNow
 
 DEFAULT_STATES: tuple[str, ...] = (Job.State.DONE, Job.State.CANCELLED)
@@ -199,8 +199,8 @@ def _containers_with_children(dialect: Dialect, boxes: list[int], going: list[in
 
 
 def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int] = ()) -> int:
-    """Delete the jobs `ids` with their edges and step records, clearing references to them;
-    in a transaction.
+    """Delete the jobs `ids` with their edges, step records, maps and log lines, clearing
+    references to them; in a transaction.
 
     A few statements, none through Django's deletion collector (which would read every
     related row first): the edges from and to them, the `cancelled_by` links pointing at them
@@ -212,7 +212,7 @@ def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int]
     JobDependency.objects.using(using).filter(
         Q(job_id__in=dialect.id_set(ids)) | Q(depends_on_id__in=dialect.id_set(ids))
     )._raw_delete(using)
-    for durable_rows in (JobStep, JobWait):
+    for durable_rows in (JobStep, JobWait, JobMap, JobLogLine):
         durable_rows.objects.using(using).filter(job_id__in=dialect.id_set(ids))._raw_delete(using)
     # The rows that name one of them as their canceller are few: found by one range of the
     # cancelled_by index, then cleared by id. An IN list of the ids instead made MariaDB

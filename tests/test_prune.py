@@ -14,9 +14,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+import django_jobqueue as jobqueue
 from django_jobqueue import conf, pruning
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.models import Job, JobDependency
+from django_jobqueue.models import Job, JobDependency, JobMap
+from django_jobqueue.testing import run_jobs
 from tests.conftest import poll
 from tests.test_explain import analyze, explain_sql, job_statements, statements_of
 
@@ -407,3 +409,15 @@ def test_a_batch_of_deletes_reads_no_whole_table():
             assert "Seq Scan" not in plan, plan
         else:
             assert not re.search(r"\bSCAN django_jobqueue_job\b(?! USING)", plan), plan
+
+
+def test_prune_deletes_a_job_that_mapped_with_its_map_rows():
+    """A job that called ctx.map() has JobMap rows: they go with it (their foreign key
+    refused the delete before)."""
+    parent = jobqueue.enqueue("map.parent", {"items": [1, 2]})
+    run_jobs()
+    assert JobMap.objects.filter(job_id=parent.pk).exists()
+    Job.objects.update(finished_at=timezone.now() - dt.timedelta(days=3))
+    prune("--older-than", "1d")
+    assert not Job.objects.exists()
+    assert not JobMap.objects.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any, ClassVar
 
 from django.db import models
@@ -533,6 +534,31 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} #{self.seq} of job {self.job_id}"
+
+
+class JobLogLine(models.Model):
+    """A line a handler logged through `ctx.logger`, kept with the attempt that logged it
+    (joblogs.py): at most JOBQUEUE["JOB_LOG_MAX_LINES"] an attempt, deleted with the job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    # The attempt (Job.attempts when it ran): the runs of one attempt resumed after a sleep or
+    # a wait share it.
+    attempt = models.IntegerField(_("attempt"))
+    level = models.SmallIntegerField(_("level"))  # logging's number: 20 INFO, 30 WARNING, ...
+    logged_at = models.DateTimeField(_("logged at"))  # the worker's clock
+    message = models.TextField(_("message"))
+
+    class Meta:
+        verbose_name = _("job log line")
+        verbose_name_plural = _("job log lines")
+
+    def __str__(self) -> str:
+        return f"{self.level_name} of job {self.job_id} attempt {self.attempt}: {self.message}"
+
+    @property
+    def level_name(self) -> str:
+        """The level's name ("INFO"; "Level 25" for a number logging has no name for)."""
+        return logging.getLevelName(self.level)
 
 
 class JobEvent(models.Model):

@@ -175,6 +175,7 @@ from . import (  # noqa: E402
     durable_jobs,  # noqa: F401 - registers the durable jobs' handlers
     fanout_jobs,  # noqa: F401 - registers the fan-out tests' handlers
     limit_jobs,  # noqa: F401 - registers the quota limits' handlers
+    log_jobs,  # noqa: F401 - registers the job log lines' handlers
     name_jobs,  # noqa: F401 - registers the bad names' handlers
     otel_jobs,  # noqa: F401 - registers the telemetry tests' handlers
     sequence_jobs,  # noqa: F401 - registers the sequences' handlers

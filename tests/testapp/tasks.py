@@ -85,6 +85,12 @@ if django.VERSION >= (6, 0):
         }
 
     @task(takes_context=True)
+    def logged(context: TaskContext, label: str) -> str:
+        """Log a line through the context's logger: kept with the task's attempt."""
+        context.logger.info("task %s, attempt %s", label, context.attempt)
+        return label
+
+    @task(takes_context=True)
     def durable_report(context: TaskContext, key: str) -> dict[str, Any]:
         """A task using the durable calls through its context: a step, progress, a sleep, a
         wait for event `key`, a spawned child and a wait for it."""
