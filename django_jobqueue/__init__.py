@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .events import asend_event, send_event
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
+    from .pausing import pause_resource, pause_workflow, resume_resource, resume_workflow
     from .schedules import schedule
 
 try:
@@ -73,7 +74,11 @@ __all__ = [
     "enqueue_many",
     "graph",
     "handler",
+    "pause_resource",
+    "pause_workflow",
     "record_effect",
+    "resume_resource",
+    "resume_workflow",
     "retry",
     "run_now",
     "schedule",
@@ -96,6 +101,10 @@ _LAZY = {
     "enqueue_many": "graphs",
     "graph": "graphs",
     "record_effect": "inbox",
+    "pause_resource": "pausing",
+    "resume_resource": "pausing",
+    "pause_workflow": "pausing",
+    "resume_workflow": "pausing",
     "schedule": "schedules",
     "send_event": "events",
     "asend_event": "events",

@@ -97,6 +97,7 @@ class FairShare:
         self._groups_until = 0.0
         self._paused: tuple[str, ...] = ()
         self._paused_until = 0.0
+        self._held = pausing.Held()
         # When (monotonic) to claim again for the jobs the last select() held back because
         # another transaction held a lock row of their limits; None: none was held.
         self._held_retry: float | None = None
@@ -188,8 +189,14 @@ class FairShare:
         now = time.monotonic()
         if now >= self._paused_until:
             self._paused = pausing.paused_queues(using)
+            self._held = pausing.held(using)
             self._paused_until = now + self.refresh
         return self._paused
+
+    def held(self, using: str) -> pausing.Held:
+        """What the paused resources and workflows hold back, read with the paused queues."""
+        self.paused_queues(using)
+        return self._held
 
     def note_claimed(self, count: int) -> None:
         """Record how many jobs the last claim took (none: the worker is idle).

@@ -130,8 +130,9 @@ def claim(
     The ready rows are locked (FOR UPDATE SKIP LOCKED, or the SQLite write lock taken at
     BEGIN IMMEDIATE) and marked in the same transaction, so two workers can never claim the
     same row. Without fair share or limits to apply this is one UPDATE ... RETURNING where the
-    database has it. Jobs of paused queues are left out: the worker's `fair_share` keeps the
-    paused queues for FAIR_SHARE_REFRESH seconds; without one they are read at each call.
+    database has it. Jobs of paused queues, resources and workflows are left out: the worker's
+    `fair_share` keeps what is paused for FAIR_SHARE_REFRESH seconds; without one it is read
+    at each call.
     """
 
     # Only the types this process has handlers for, and of those the jobs started under a
@@ -144,9 +145,10 @@ def claim(
         return []
     using = dialect.using
     paused = fair_share.paused_queues(using) if fair_share else pausing.paused_queues(using)
+    held = fair_share.held(using) if fair_share else pausing.held(using)
     # Each queue once: a claim of several queues reads each one (Dialect.compile_merged), and
     # one read twice would hand the same rows twice (SKIP LOCKED skips others' locks only).
-    shape = (tuple(dict.fromkeys(queues)), types, paused)
+    shape = (tuple(dict.fromkeys(queues)), types, paused, held)
     ready = _ready(using, *shape)
     dynamic = fair_share.ask_dynamic(ready) if fair_share is not None else {}
     if dialect.autocommit_statements and (
@@ -186,18 +188,26 @@ def set_aside_unreadable(
         return []
     using = dialect.using
     paused = fair_share.paused_queues(using) if fair_share else pausing.paused_queues(using)
-    ready = _ready(using, tuple(dict.fromkeys(queues)), types, paused)
+    held = fair_share.held(using) if fair_share else pausing.held(using)
+    ready = _ready(using, tuple(dict.fromkeys(queues)), types, paused, held)
     planned = fair_share.last_reads if fair_share is not None else {}
     return quarantine.set_aside(dialect, quarantine.probe(dialect, ready, planned))
 
 
 @functools.lru_cache(maxsize=64)
 def _ready(
-    using: str, queues: tuple[str, ...], types: versions.Served, paused: tuple[str, ...]
+    using: str,
+    queues: tuple[str, ...],
+    types: versions.Served,
+    paused: tuple[str, ...],
+    held: pausing.Held = pausing.NOTHING_HELD,
 ) -> JobQuerySet:
     # Built once: a claim only clones it (or, with its SQL compiled already, not even that).
+    # With nothing paused, nothing is added to the claim's statement.
     ready = Job.objects.using(using).ready().in_queues(queues).filter(versions.claim_filter(types))
-    return ready.exclude(queue__in=paused) if paused else ready
+    if paused:
+        ready = ready.exclude(queue__in=paused)
+    return ready.exclude(held.condition()) if held else ready
 
 
 def finish_many(

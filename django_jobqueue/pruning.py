@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from .dialects import Dialect
-from .models import Job, JobDependency, JobLogLine, JobMap, JobStep, JobWait
+from .models import Job, JobDependency, JobLogLine, JobMap, JobStep, JobWait, PausedWorkflow
 from .models.functions import DbNow
 
 DEFAULT_STATES: tuple[str, ...] = (Job.State.DONE, Job.State.CANCELLED)
@@ -212,7 +212,7 @@ def delete_jobs(dialect: Dialect, ids: list[int], *, containers: Collection[int]
     JobDependency.objects.using(using).filter(
         Q(job_id__in=dialect.id_set(ids)) | Q(depends_on_id__in=dialect.id_set(ids))
     )._raw_delete(using)
-    for durable_rows in (JobStep, JobWait, JobMap, JobLogLine):
+    for durable_rows in (JobStep, JobWait, JobMap, JobLogLine, PausedWorkflow):
         durable_rows.objects.using(using).filter(job_id__in=dialect.id_set(ids))._raw_delete(using)
     # The rows that name one of them as their canceller are few: found by one range of the
     # cancelled_by index, then cleared by id. An IN list of the ids instead made MariaDB

@@ -198,6 +198,20 @@ def test_claim_leaves_out_paused_queues(dialect):
     assert [j.queue for j in claim(dialect)] == ["paused"]
 
 
+def test_claim_leaves_out_jobs_of_paused_resources_and_workflows(dialect):
+    tenant = JobFactory(uses={"tenant:1": 1, "api": 1}, priority=9)
+    group = JobFactory(group_key="acme", priority=9)
+    box = JobFactory(is_container=True, state=Job.State.WAITING)
+    child = JobFactory(parent=box, priority=9)
+    served = [JobFactory(uses={"api": 1}), JobFactory()]
+    assert pausing.pause_resource("tenant:*") and pausing.pause_resource("group:acme")
+    assert pausing.pause_workflow(box.pk)
+    assert sorted(j.id for j in claim(dialect)) == sorted(j.pk for j in served)
+    assert pausing.resume_resource("tenant:*") and pausing.resume_resource("group:acme")
+    assert pausing.resume_workflow(box.pk)
+    assert sorted(j.id for j in claim(dialect)) == sorted([tenant.pk, group.pk, child.pk])
+
+
 def test_claim_leaves_out_types_without_a_handler(dialect):
     """A job of a type this process has no handler for waits for a worker that has one."""
     unknown = JobFactory(type="contract.no_such_handler", priority=9)

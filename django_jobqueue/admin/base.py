@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from .. import pausing
 from ..models import Job
 from . import bulk, display, filters, rollup
 from .actions import JobActionForm
@@ -134,9 +135,15 @@ class JobPagesAdmin(OwnFiltersAdmin):
     @admin.display(description="state")
     def state_badge(self, job: Job) -> SafeString:
         rolled = getattr(job, "rollup", None)  # a workflow's children (get_changelist_instance)
-        if rolled is None:
-            return display.badge(job.state)
-        return format_html("{}{}", display.badge(job.state), rollup.badge_note(rolled))
+        shown = display.badge(job.state)
+        if rolled is not None:
+            shown = format_html("{}{}", shown, rollup.badge_note(rolled))
+        # Set for a list's page at once (get_changelist_instance); read here on a job's page.
+        if hasattr(job, "paused_why"):
+            why = job.paused_why
+        else:
+            why = pausing.reasons([job], job._state.db).get(int(job.pk)) if job.pk else None
+        return format_html("{}{}", shown, display.paused_note(why)) if why else shown
 
     @admin.display(description="progress")
     def progress_bar(self, job: Job) -> SafeString | str:
@@ -149,6 +156,9 @@ class JobPagesAdmin(OwnFiltersAdmin):
         """The list, with the children of the workflows on its page counted (one query)."""
         changelist = super().get_changelist_instance(request)
         rollup.annotate_page(changelist.result_list)
+        held = pausing.reasons(changelist.result_list)
+        for job in changelist.result_list:
+            job.paused_why = held.get(job.pk)
         return changelist
 
     @admin.display(description="attempts")

@@ -48,9 +48,11 @@ def state(job: Job) -> SafeString:
         note = "cancel requested: its handler is asked to stop"
     elif job.state == Job.State.WAITING and job.is_container and not job.sealed:
         note = "open container"
-    if not note:
-        return display.badge(job.state)
-    return format_html('{} <span class="jq-sub-inline">{}</span>', display.badge(job.state), note)
+    shown = display.badge(job.state)
+    if note:
+        shown = format_html('{} <span class="jq-sub-inline">{}</span>', shown, note)
+    paused = pausing.reasons([job], job._state.db).get(int(job.pk)) if job.pk else None
+    return format_html("{}{}", shown, display.paused_note(paused)) if paused else shown
 
 
 def handler(job: Job) -> SafeString:

@@ -48,6 +48,11 @@ def job_url(pk: int) -> str:
     return reverse("admin:django_jobqueue_job_change", args=[pk])
 
 
+def paused_note(why: str) -> SafeString:
+    """The mark of a job a pause holds back, saying which."""
+    return format_html(' <span class="jq-paused" title="{}">paused: {}</span>', why, why)
+
+
 def job_link(pk: int, state: str | None = None, label: str = "") -> SafeString:
     """A link to job `pk`, with its state beside it when known."""
     link = format_html('<a href="{}">#{}{}</a>', job_url(pk), pk, f" {label}" if label else "")

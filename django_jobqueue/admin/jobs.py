@@ -200,9 +200,13 @@ class JobAdmin(JobPagesAdmin):
         run_now = self.admin_site.admin_view(self.run_now_view)
         enqueue = self.admin_site.admin_view(self.enqueue_view)
         again = self.admin_site.admin_view(self.run_again_view)
+        pause = self.admin_site.admin_view(self.pause_workflow_view)
+        resume = self.admin_site.admin_view(self.resume_workflow_view)
         own = [
             path("enqueue/", enqueue, name="django_jobqueue_job_enqueue"),
             path("<path:object_id>/run-again/", again, name="django_jobqueue_job_run_again"),
+            path("<path:object_id>/pause-workflow/", pause, name="django_jobqueue_job_pause"),
+            path("<path:object_id>/resume-workflow/", resume, name="django_jobqueue_job_resume"),
             path("<path:object_id>/retry-from-step/", view, name="django_jobqueue_job_retry_step"),
             path("<path:object_id>/send-event/", send, name="django_jobqueue_job_send_event"),
             path("<path:object_id>/run-now/", run_now, name="django_jobqueue_job_run_now"),
@@ -224,6 +228,14 @@ class JobAdmin(JobPagesAdmin):
     def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: make a scheduled job due now (permission `run_now`)."""
         return page_actions.run_now_view(self, request, object_id)
+
+    def pause_workflow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: pause the job and every job under it (permission `pause_workflow`)."""
+        return page_actions.pause_workflow_view(self, request, object_id)
+
+    def resume_workflow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: resume the job's paused workflow (permission `pause_workflow`)."""
+        return page_actions.resume_workflow_view(self, request, object_id)
 
     def retry_from_step_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: retry a dead or cancelled job, keeping its steps up to the chosen one."""

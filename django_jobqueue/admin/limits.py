@@ -1,5 +1,7 @@
 """The Limits page: each limit of JOBQUEUE["LIMITS"] with what it holds now, and the actions
-of `jobqueue_limits` (change a limit, reset it, reopen a resource closed by RateLimited)."""
+of `jobqueue_limits` (change a limit, reset it, reopen a resource closed by RateLimited), of
+`jobqueue_pause` for queues, and of `jobqueue_pause --resource` (under its own permission,
+`django_jobqueue.pause_resource`)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from .. import conf, occupancy, pausing, validation
 from ..dialects import get_dialect
 from ..exceptions import InvalidJobError
 from ..models import Job, Limit
-from . import filters
+from . import filters, page_actions
 from .pages import OnePageAdmin
 
 logger = logging.getLogger("django_jobqueue.admin.actions")
-ACTIONS = ("set", "reset", "reopen", "pause", "resume")
+ACTIONS = ("set", "reset", "reopen", "pause", "resume", "pause_resource", "resume_resource")
+# The actions under django_jobqueue.pause_resource rather than the change permission.
+RESOURCE_ACTIONS = ("pause_resource", "resume_resource")
 
 
 class LimitActionForm(forms.Form):
@@ -37,6 +41,8 @@ class LimitActionForm(forms.Form):
             try:
                 if data["action"] in ("pause", "resume"):
                     validation.check_label("queue", data["name"], 100)
+                elif data["action"] in RESOURCE_ACTIONS:
+                    pausing.check_resource(data["name"])
                 else:
                     occupancy.check_name(data["name"])
             except InvalidJobError as exc:
@@ -55,7 +61,11 @@ class LimitAdmin(OnePageAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         if request.method == "POST":
-            if not self.has_view_permission(request) or not self.has_change_permission(request):
+            if request.POST.get("action") in RESOURCE_ACTIONS:
+                allowed = page_actions.allowed(request, page_actions.PAUSE_RESOURCE)
+            else:
+                allowed = self.has_change_permission(request)
+            if not self.has_view_permission(request) or not allowed:
                 raise PermissionDenied
             self._act(request, get_dialect(conf.get().database))
             return HttpResponseRedirect(self.page_url())
@@ -63,8 +73,14 @@ class LimitAdmin(OnePageAdmin):
 
     def page_context(self, request: HttpRequest) -> dict[str, Any]:
         dialect = get_dialect(conf.get().database)
+        paused = pausing.paused_resources(dialect.using)
+        entries = occupancy.occupancy(dialect)
+        for entry in entries:
+            entry["paused_by"] = [name for name in paused if pausing.matches(name, entry["name"])]
         return {
-            "entries": occupancy.occupancy(dialect),
+            "entries": entries,
+            "paused_resources": paused,
+            "can_pause": page_actions.allowed(request, page_actions.PAUSE_RESOURCE),
             "spend_hour": occupancy.spend(dialect, 60),
             "spend_day": occupancy.spend(dialect, 24 * 60),
             "queues": queues(dialect.using),
@@ -81,6 +97,8 @@ class LimitAdmin(OnePageAdmin):
         try:
             if data["action"] in ("pause", "resume"):
                 done = _pause_or_resume(data["action"], name)
+            elif data["action"] in RESOURCE_ACTIONS:
+                done = _pause_or_resume_resource(data["action"], name)
             elif data["action"] == "set":
                 if data["concurrency"] is None and not data["rate"]:
                     raise InvalidJobError("give a concurrency, a rate, or both")
@@ -131,4 +149,20 @@ def _pause_or_resume(action: str, name: str) -> str:
         f"Resumed queue {name!r}."
         if pausing.resume_queue(name)
         else (f"Queue {name!r} was not paused.")
+    )
+
+
+def _pause_or_resume_resource(action: str, name: str) -> str:
+    what = "resources matching" if name.endswith("*") else "resource"
+    if action == "pause_resource":
+        return (
+            f"Paused {what} {name!r}: workers start none of their jobs (within a second); "
+            "running ones finish."
+            if pausing.pause_resource(name)
+            else f"{name!r} was paused already."
+        )
+    return (
+        f"Resumed {what} {name!r}."
+        if pausing.resume_resource(name)
+        else f"{name!r} was not paused."
     )

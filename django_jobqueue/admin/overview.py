@@ -82,6 +82,11 @@ def stats() -> dict[str, Any]:
         "dead_last_hour": finished[1]["hour"],  # TERMINAL_STATES: done, dead, cancelled
         "dead_last_hour_url": finished[1]["hour_url"],
         "paused": pausing.paused_queues(jobs.db),
+        "paused_resources": pausing.paused_resources(jobs.db),
+        "paused_workflows": [
+            {"id": pk, "url": reverse("admin:django_jobqueue_job_change", args=[pk])}
+            for pk in pausing.paused_workflows(jobs.db)
+        ],
         "expired_leases": jobs.expired().count(),
         "workers_alive": len(live_handlers),
         "workers_stale": len(workers) - len(live_handlers),

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .fields import KeyField
@@ -183,6 +184,8 @@ class Job(models.Model):
             ("run_now", _("Can make a scheduled job due now")),
             ("enqueue_job", _("Can enqueue a job from the admin")),
             ("run_again", _("Can enqueue a job again with its arguments")),
+            ("pause_resource", _("Can pause and resume a resource")),
+            ("pause_workflow", _("Can pause and resume a workflow")),
         ]
         indexes = [
             # Partial on PostgreSQL and SQLite, composite on MySQL/MariaDB: see ReadyIndex.
@@ -752,6 +755,38 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({'paused' if self.paused else 'active'})"
+
+
+class PausedResource(models.Model):
+    """A paused resource ("tenant:42") or family of resources ("tenant:*"): workers start no
+    job that uses one of them until it is resumed (`pausing.pause_resource`)."""
+
+    name = KeyField(_("resource"), max_length=255, primary_key=True)
+    paused_at = models.DateTimeField(_("paused at"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("paused resource")
+        verbose_name_plural = _("paused resources")
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+class PausedWorkflow(models.Model):
+    """A paused job and everything under it (a container's or a spawner's children, at any
+    depth): workers start none of them until it is resumed (`pausing.pause_workflow`)."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="+", verbose_name=_("job")
+    )
+    paused_at = models.DateTimeField(_("paused at"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("paused workflow")
+        verbose_name_plural = _("paused workflows")
+
+    def __str__(self) -> str:
+        return f"workflow #{self.job_id}"
 
 
 class MinuteCount(models.Model):

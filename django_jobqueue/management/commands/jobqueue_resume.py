@@ -1,4 +1,5 @@
-"""manage.py jobqueue_resume: let workers claim the jobs of paused queues again."""
+"""manage.py jobqueue_resume: let workers start the jobs of paused queues, resources and
+workflows again."""
 
 from __future__ import annotations
 
@@ -6,21 +7,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_jobqueue import pausing
-
-from .jobqueue_pause import check_names
+from .jobqueue_pause import act, add_targets, checked_targets
 
 
 class Command(BaseCommand):
-    help = "Resume paused queues: workers claim their jobs again."
+    help = (
+        "Resume paused queues, resources (--resource) or workflows (--workflow): workers "
+        "start their jobs again."
+    )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("queues", nargs="+", metavar="queue", help="Queue names.")
+        add_targets(parser, "Resume")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        check_names(options["queues"])
-        for name in options["queues"]:
-            if pausing.resume_queue(name):
-                self.stdout.write(f"Resumed queue {name!r}.")
-            else:
-                self.stdout.write(f"Queue {name!r} was not paused.")
+        act(self.stdout.write, checked_targets(options), pause=False)
