@@ -4,6 +4,7 @@ metrics and log records to files (tests/otel_support.py), which the test reads b
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
+from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 import django_jobqueue as jobqueue
-from django_jobqueue.models import Job
+from django_jobqueue.models import Job, Worker
 from tests.conftest import poll, wait_for_job
 from tests.otel_support import collect, in_memory, read
 from tests.workflow_support import FAST
@@ -136,7 +138,20 @@ def test_a_request_its_job_steps_sleep_and_child_are_one_trace(
     (leases,) = figures["jobqueue.leases.in_flight"].items()
     assert leases == ((("messaging.client.id", worker.row().id),), 0)
 
-    # A job in a queue this worker does not serve waits: the only worker reports the gauges.
+    # A job in a queue this worker does not serve waits: the worker that records metrics
+    # reports the gauges, though a live worker with a smaller id (with metrics off) is there.
+    now = timezone.now()
+    Worker.objects.create(
+        id="0-metrics-off",
+        host="elsewhere",
+        pid=1,
+        queues=["other"],
+        concurrency=1,
+        started_at=now,
+        heartbeat_at=now,
+        expires_at=now + dt.timedelta(hours=1),
+    )
+    assert worker.row().metrics and not Worker.objects.get(pk="0-metrics-off").metrics
     jobqueue.enqueue("test.noop", queue="parked")
     parked = (("messaging.destination.name", "parked"),)
     gauges = poll(lambda: last_export(tmp_path).get("jobqueue.queue.ready", {}).get(parked))

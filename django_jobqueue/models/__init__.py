@@ -416,6 +416,9 @@ class Worker(models.Model):
     gone_at = models.DateTimeField(_("gone at"), null=True, blank=True)
     # db_default: the workers of the release before register rows without it (rolling deploys).
     jobs_reclaimed = models.IntegerField(_("jobs reclaimed"), default=0, db_default=0)
+    # Whether it records OpenTelemetry metrics: the queue gauges are read by one of these
+    # (worker/gauges.py). db_default: a worker of the release before registers without it.
+    metrics = models.BooleanField(_("records metrics"), default=False, db_default=False)
 
     objects = WorkerQuerySet.as_manager()
 

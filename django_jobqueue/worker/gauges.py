@@ -1,10 +1,12 @@
 """The gauges duty: reads the ready backlog per queue for the OpenTelemetry queue gauges.
 
 Runs only when ``JOBQUEUE["OPENTELEMETRY"]`` records metrics. Every GAUGE_INTERVAL seconds
-each worker asks which live worker has the smallest id (one read of the workers' table, by
-its primary key); that worker alone reads the ready jobs per queue and hands the figures to
-the gauges (`telemetry.otel`), the others report none. A queue's gauge thus comes from one
-process, and the ready rows are read once per interval however many workers run.
+each such worker asks which live worker that records metrics has the smallest id (one read of
+the workers' table; a worker's row says whether it records them, `Worker.metrics`); that
+worker alone reads the ready jobs per queue and hands the figures to the gauges
+(`telemetry.otel`), the others report none. A queue's gauge thus comes from one process, and
+the ready rows are read once per interval however many workers run; a worker with metrics
+off (or of a release before `Worker.metrics`) is never the one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from .duty import Duty
 
 
 class Gauges(Duty):
-    """Read the backlog per queue, in the live worker with the smallest id only."""
+    """Read the backlog per queue, in the live worker that records metrics with the smallest
+    id only."""
 
     def __init__(
         self, dialect: Dialect, *, worker_id: str, interval: float, lock_timeout: float
@@ -31,7 +34,8 @@ class Gauges(Duty):
         if hooks is None:
             return None
         using = self.dialect.using
-        live = WorkerRow.objects.using(using).filter(expires_at__gt=DbNow()).order_by("id")
+        live = WorkerRow.objects.using(using).filter(expires_at__gt=DbNow(), metrics=True)
+        live = live.order_by("id")
         if live.values_list("id", flat=True).first() != self.worker_id:
             hooks.queues = None  # another worker reports them
             return None

@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from .. import registry, versions
+from .. import registry, telemetry, versions
 from ..dialects import Dialect
 from ..dialects.base import seconds
 from ..leases import Lease, renew_leases
@@ -120,6 +120,7 @@ class Heartbeat(Duty):
                 "job_ids": job_ids or [],
                 "handlers": list(registry.allowlist()),
                 "handler_versions": versions.worker_row(registry.served()),
+                "metrics": telemetry.active is not None and telemetry.active.recording_metrics,
             }
             rows = WorkerRow.objects.using(self.dialect.using)
             # A gone row of the same id (a worker id given again) is an earlier process's.
