@@ -48,6 +48,8 @@ COLUMNS = ["waiting", "scheduled", "ready", "running", "done", "dead", "cancelle
 HEADERS = ["waiting", "sched.", "ready", "running", "done", "dead", "cancelled"]
 PAUSE = 1.0  # seconds the story lets you look at a dead or running job before it acts
 REPORT_MONTH, REPORT_PAGES = "2026-11", 5
+NEXT_MONTH = "2026-12"  # its report is left waiting for an approval nobody sends
+PAUSED_TENANT = "globex"  # paused at the end, with one job held back
 REVIEWS = 4  # the model calls of shop.summarize_reviews
 
 
@@ -64,12 +66,17 @@ class Cast:
     order: Order
     report: Job
     reviews: Job
+    # Left for the admin to show: a dead job, and a job that waits for an event.
+    unpaid: Job
+    next_report: Job
 
     def roles(self) -> dict[int, str]:
         roles = {int(self.rates.pk): "rates", int(self.ship.pk): "ship"}
         roles |= {int(self.email.pk): "email", int(self.search.pk): "search"}
         roles[int(self.report.pk)] = "report"
         roles[int(self.reviews.pk)] = "reviews"
+        roles[int(self.unpaid.pk)] = "unpaid"
+        roles[int(self.next_report.pk)] = "next_report"
         for tenant in TENANTS:
             roles[int(self.containers[tenant].pk)] = f"container:{tenant}"
             roles[int(self.publish[tenant].pk)] = f"publish:{tenant}"
@@ -170,6 +177,8 @@ class Command(BaseCommand):
         console.rule("[bold]5. Summary")
         problems = self.summary(cast)
         problems += self.operators_view(cast)
+        console.rule("[bold]6. Left for the admin to show")
+        problems += self.leave_for_the_admin(cast)
         if problems:
             for problem in problems:
                 console.print(f"[red]✗ {problem}")
@@ -293,7 +302,10 @@ class Command(BaseCommand):
             )
         if not (watch.paid and watch.cancelled and watch.approved):
             return False
-        return not Job.objects.exclude(state__in=FINAL).exists()
+        left = int(cast.next_report.pk)  # waits for its event: not final, by design
+        if watch.states.get(left) != Job.State.WAITING:
+            return False
+        return not Job.objects.exclude(state__in=FINAL).exclude(pk=left).exists()
 
     def waited(self, watch: Watch, pk: int) -> bool:
         return watch.elapsed() - watch.since[pk] >= PAUSE
@@ -326,6 +338,41 @@ class Command(BaseCommand):
             bar = ProgressBar(total=max(total, 1), completed=final, width=12)
             table.add_row(group, str(TENANTS.get(group, 1)), *cells, bar)
         return table
+
+    def leave_for_the_admin(self, cast: Cast) -> list[str]:
+        """Pause a tenant with a job of it held back; say what else is left; return problems."""
+        jobqueue.pause_resource(f"tenant:{PAUSED_TENANT}")
+        held = jobqueue.enqueue(
+            "shop.sync_product",
+            {"tenant": PAUSED_TENANT, "sku": "GLO-NEW", "ms": 200},
+            group=PAUSED_TENANT,
+            uses={f"tenant:{PAUSED_TENANT}": 1},
+        )
+        self.console.print(
+            f"#{cast.unpaid.pk} [cyan]shop.ship_order[/] for ORD-0002 is [red]dead[/] (nobody "
+            "paid): retry it from its page. "
+            f"#{cast.next_report.pk} [cyan]shop.monthly_report[/] for {NEXT_MONTH} waits for "
+            f"the event 'approve-report:{NEXT_MONTH}': send it from its page (Send event).\n"
+            f"jobqueue.pause_resource('tenant:{PAUSED_TENANT}'): #{held.pk} "
+            f"[cyan]shop.sync_product[/] (uses tenant:{PAUSED_TENANT}) is ready but held back, "
+            "marked paused on the jobs list; resume the tenant on the Limits page. The "
+            "Schedules page lists 'nightly-rates'."
+        )
+        problems = []
+        left = {
+            int(pk): state
+            for pk, state in Job.objects.filter(
+                pk__in=[cast.unpaid.pk, cast.next_report.pk, held.pk]
+            ).values_list("pk", "state")
+        }
+        told = {
+            int(cast.unpaid.pk): Job.State.DEAD,
+            int(cast.next_report.pk): Job.State.WAITING,
+            int(held.pk): Job.State.READY,
+        }
+        if left != told:
+            problems.append(f"the jobs left for the admin are {left}, not {told}")
+        return problems
 
     def operators_view(self, cast: Cast) -> list[str]:
         """Say what the admin shows of this run; return what it would lack."""
@@ -416,6 +463,13 @@ def enqueue_story(products: int) -> Cast:
         ship = jobqueue.enqueue("shop.ship_order", {"order_id": order.pk}, group=OPS)
         # A Django task (shop/tasks.py) in the same workflow: its job depends on ship_order's.
         sent = email_tracking.using(depends_on=[ship], group=OPS).enqueue(order_id=order.pk)
+        # Left for the admin: an order nobody pays (its job stays dead) and next month's
+        # report, which waits for an approval nobody sends.
+        unpaid_order = Order.objects.create(number="ORD-0002", total=Decimal("17.50"))
+        unpaid = jobqueue.enqueue("shop.ship_order", {"order_id": unpaid_order.pk}, group=OPS)
+        next_report = jobqueue.enqueue(
+            "shop.monthly_report", {"month": NEXT_MONTH, "pages": 2}, group=OPS, max_attempts=1
+        )
         email = Job.objects.get(pk=int(sent.id))
         search = jobqueue.enqueue("shop.rebuild_search", {"batches": 300}, group=OPS)
         report = jobqueue.enqueue(
@@ -426,7 +480,10 @@ def enqueue_story(products: int) -> Cast:
             "shop.summarize_reviews", {"tenant": "acme", "reviews": REVIEWS}, group=OPS,
             max_attempts=1,
         )  # fmt: skip
-    return Cast(containers, publish, rates, ship, email, search, order, report, reviews)
+    return Cast(
+        containers, publish, rates, ship, email, search, order, report, reviews, unpaid,
+        next_report,
+    )  # fmt: skip
 
 
 def note(role: str, state: str, attempts: int) -> str:
@@ -443,6 +500,8 @@ def note(role: str, state: str, attempts: int) -> str:
         ("report", "waiting"): "fetched its pages and waits for approval: no thread, no lease",
         ("report", "done"): "done: approved and published, with one attempt",
         ("reviews", "done"): "done: each call's tokens taken, then settled by what it used",
+        ("unpaid", "dead"): "is [red]dead[/]: nobody pays ORD-0002 (left for the admin)",
+        ("next_report", "waiting"): "waits for its approval: nobody sends it (left for the admin)",
     }
     kind, _, tenant = role.partition(":")
     if kind == "container":
@@ -481,8 +540,13 @@ def check(cast: Cast, jobs: list[Job], ratio: float) -> list[str]:
 
     problems = []
     undone = [f"#{job.pk} {job.state}" for job in jobs if job.state != Job.State.DONE]
-    if undone != [f"#{cast.search.pk} cancelled"]:
-        problems.append(f"all jobs but rebuild_search should be done: not so {undone}")
+    told = [
+        f"#{cast.unpaid.pk} dead",
+        f"#{cast.search.pk} cancelled",
+        f"#{cast.next_report.pk} waiting",
+    ]
+    if sorted(undone) != sorted(told):
+        problems.append(f"all jobs but {told} should be done: not so {undone}")
     if get(cast.rates).attempts != 2:
         problems.append(f"fetch_rates took {get(cast.rates).attempts} attempts, not 2")
     if get(cast.ship).attempts != 2 or len(get(cast.ship).errors) != 1:
