@@ -27,11 +27,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 from typing import TYPE_CHECKING, Any
 
 from . import conf, signals, telemetry
 from .dialects.base import aware
-from .durable import MISSING, lease_lost, write
+from .durable import (
+    MISSING,
+    Deferred,
+    check_deferred,
+    deferred,
+    deferred_written,
+    flush,
+    lease_lost,
+    write,
+)
 from .exceptions import InvalidJobError, Suspend
 from .limits import live, window
 from .limits.resources import make_rows
@@ -155,16 +165,20 @@ def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], se
     fenced by the lease (it locks the job's row while the lease is current, else LeaseLost
     rolls the grant back): no fence before it is needed."""
     dialect = ctx._dialect
+    # The settlements deferred since the job's last write go first, in this transaction.
+    taken, before = deferred(ctx)
     with dialect.step_transaction():
         if not ctx._apply_limits:  # testing.run_jobs() applies no limit: nothing is counted
+            check_deferred(ctx, taken, dialect.write_together(before))
             grant = Grant(resource, units, dialect.now(), ctx.job_id, seq)
             write(ctx, ACQUIRE, seq, grant._record(), None)
-            return grant
-        now = _take(ctx, resource, units, rate)
-        grant = Grant(resource, units, now, ctx.job_id, seq)
-        rows = window.add_sql(dialect, resource, now, units, ResourceStart.Kind.GRANT,
-                              _fence(ctx), handler=_handler(ctx))  # fmt: skip
-        _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
+        else:
+            now = _take(ctx, resource, units, rate, taken, before)
+            grant = Grant(resource, units, now, ctx.job_id, seq)
+            rows = window.add_sql(dialect, resource, now, units, ResourceStart.Kind.GRANT,
+                                  _fence(ctx), handler=_handler(ctx))  # fmt: skip
+            _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
+    deferred_written(ctx, taken)
     return grant
 
 
@@ -206,23 +220,34 @@ def _write(
         raise lease_lost(lease)
 
 
-def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> dt.datetime:
-    """Lock `resource`'s row (waited for: one resource) and see whether its window has room
-    for `units`: return the database's time of the grant (the caller writes it before the
-    lock is let go), or raise _NoRoom."""
+def _take(
+    ctx: JobContext,
+    resource: str,
+    units: int,
+    rate: tuple[int, int],
+    taken: list[Deferred],
+    before: list[tuple[str, list[Any]]],
+) -> dt.datetime:
+    """Lock `resource`'s row (waited for: one resource), write the deferred records `taken`
+    (their statements `before`), and see whether its window has room for `units`: return the
+    database's time of the grant (the caller writes it before the lock is let go), or raise
+    _NoRoom (the caller's transaction then rolls the deferred records back, to write later)."""
     dialect = ctx._dialect
     cap, period = rate
     lock = dialect.lock_resources_sql([resource], wait=True)
     # The grant's time is read by a statement of its own, after the lock is held: a locking
     # SELECT computes its columns before it waits for the row (PostgreSQL's CLOCK_TIMESTAMP),
     # or reads the clock once when it starts (MySQL's UTC_TIMESTAMP), and a grant stamped
-    # before the grants it waited for would leave later windows too early.
+    # before the grants it waited for would leave later windows too early. The deferred
+    # records go after the lock, which every grant takes before the job's row.
     clock, clock_params = dialect.clock_sql()
-    rows, [(at,)], totals = dialect.execute_together(
-        [lock, (f"SELECT {clock}", clock_params), window.read_sql(dialect, {resource: period})]
-    )
+    rows, *counts, [(at,)], totals = dialect.execute_together(
+        [lock, *before, (f"SELECT {clock}", clock_params),
+         window.read_sql(dialect, {resource: period})]
+    )  # fmt: skip
     if not rows:
         raise _NoRow
+    check_deferred(ctx, taken, counts)
     _, closed_until, _ = rows[0]
     now = aware(at)
     closed = aware(closed_until) if closed_until else None
@@ -265,8 +290,29 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
     if ctx._apply_limits and at is not None:
         rows = window.add_sql(ctx._dialect, resource, at, delta, kind, _fence(ctx), used=used,
                               handler=_handler(ctx))  # fmt: skip
+    sent = functools.partial(_sent, ctx, resource, granted, used, key)
+    if delta <= 0 and ctx._calls.has_steps and not ctx._dialect.connection.in_atomic_block:
+        # Nothing to charge: the record (and the units it gives back) can wait for the job's
+        # next round trip. Until then the window counts the whole grant, which only delays
+        # the room it gives back; a run that ends first writes it as it ends, one killed
+        # first settles again in its replay (the grant's record is there, this one is not).
+        lease = ctx._lease
+        statement = ctx._dialect.record_call_sql(
+            job_id=lease.job_id, owner=lease.owner, attempt=lease.attempt, name=SETTLE,
+            seq=seq, result=record, duration=None, place=ctx._calls.place_of(SETTLE, seq),
+        )  # fmt: skip
+        ctx._deferred.append(Deferred([statement, *rows], sent))
+        ctx._calls.remember(SETTLE, seq, record)
+        return
+    # A charge is written at once: the grants after it must count it.
+    flush(ctx)
     _write(ctx, SETTLE, seq, record, rows, alone=True)
     ctx._calls.remember(SETTLE, seq, record)
+    sent()
+
+
+def _sent(ctx: JobContext, resource: str, granted: int, used: int, key: str) -> None:
+    """Send `units_settled` for a settlement just written."""
     if signals.connected(signals.units_settled):
         job = ctx._job
         signals.send(

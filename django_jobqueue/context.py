@@ -70,6 +70,8 @@ class JobContext:
         """The running job's primary key."""
         self._calls = durable.Calls(_dialect, self.job_id, job.has_steps, _recorded, _places)
         self._progress = durable.Progress()
+        # Records written with the job's next round trip (settlements that give units back).
+        self._deferred: list[durable.Deferred] = []
 
     def __repr__(self) -> str:
         return (

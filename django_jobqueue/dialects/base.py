@@ -107,6 +107,11 @@ class LockedResources(NamedTuple):
 _JSON_DOCUMENT_TYPES = {dict, list, type(None)}
 
 
+def result_of(cursor: Any) -> Any:
+    """The rows of the statement `cursor` ran last, or the count of the rows it wrote."""
+    return cursor.fetchall() if cursor.description is not None else cursor.rowcount
+
+
 class Dialect:
     """How one database claims, locks and retries; subclasses override only what differs."""
 
@@ -194,14 +199,15 @@ class Dialect:
         locked = [(name, aware(until) if until else None) for name, until, _ in rows]
         return LockedResources(locked, now, [read_json(u) for (u,) in uses])
 
-    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[Any]:
         """Run `statements` (SQL, parameters) in order, each with its own snapshot, and return
-        each one's rows. Here one after the other; a dialect may send them in one round trip."""
+        each one's rows (a write's: its row count). Here one after the other; a dialect may
+        send them in one round trip."""
         results = []
         with self.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
-                results.append(cursor.fetchall())
+                results.append(result_of(cursor))
         return results
 
     def lock_resources_sql(

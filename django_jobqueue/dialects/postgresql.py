@@ -16,7 +16,7 @@ from django.db.models.expressions import RawSQL
 
 from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
 from ..records import Finished, FinishReport
-from .base import Dialect, seconds, statement_bound
+from .base import Dialect, result_of, seconds, statement_bound
 from .functions import DbNow
 from .literals import array
 
@@ -194,7 +194,7 @@ class PostgreSQLDialect(Dialect):
             and not conn.needs_rollback
         )
 
-    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[Any]:
         # One round trip where the cursor allows (`_client_side`): a claim under LIMITS sends
         # the lock of its resources and the read of their jobs in flight so, and the read
         # still takes its snapshot once the lock is held.
@@ -215,10 +215,10 @@ class PostgreSQLDialect(Dialect):
                     _after_begin(raw.connection)
             if begin:
                 raw.nextset()  # past the BEGIN's result
-            results = [cursor.fetchall()]
+            results = [result_of(cursor)]
             for _ in statements[1:]:
                 raw.nextset()
-                results.append(cursor.fetchall())
+                results.append(result_of(cursor))
         return results
 
     def write_together(
