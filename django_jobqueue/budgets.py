@@ -10,12 +10,16 @@ it. So:
   place under any limit, no attempt used) until the window will have room, and tries again
   when the job runs again;
 - `settle(grant, used)` writes what the work really used, at the grant's time: less gives the
-  difference back to the window at once, more charges it to the window the grant was taken
-  in. `settle(resource, used)` does the same for the units the job's `uses` took at its claim.
+  difference back to the window, more charges it to the window the grant was taken in.
+  `settle(resource, used)` does the same for the units the job's `uses` took at its claim.
+  A charge is written at once; a settlement at or below its grant waits for the job's next
+  round trip (`durable.Deferred`): its next grant's transaction (one round trip in all on
+  PostgreSQL, `Dialect.grant_sql`), its next durable call, or the end of its run.
 
 Both are durable calls (records "@acquire" and "@settle", written in the transaction of their
 window's row, fenced by the lease): a replay returns the same grant and takes nothing again,
-and never settles twice. In any window the units granted (each settlement counted at its
+and never settles twice (a settlement not yet written when its worker died is settled by the
+replay). In any window the units granted (each settlement counted at its
 grant's time) never exceed the rate; only a settlement above its grant can push a window
 over, by at most that excess, and no grant is made in that window until it has room again.
 A grant never settled counts as granted. `testing.run_jobs()` applies no limit: a grant is
@@ -166,12 +170,21 @@ def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], se
     rolls the grant back): no fence before it is needed."""
     dialect = ctx._dialect
     # The settlements deferred since the job's last write go first, in this transaction.
+    if not dialect.can_defer_into_grant:
+        flush(ctx)
     taken, before = deferred(ctx)
+    failed: Exception | None = None
     with dialect.step_transaction():
         if not ctx._apply_limits:  # testing.run_jobs() applies no limit: nothing is counted
             check_deferred(ctx, taken, dialect.write_together(before))
             grant = Grant(resource, units, dialect.now(), ctx.job_id, seq)
             write(ctx, ACQUIRE, seq, grant._record(), None)
+        elif dialect.can_grant_in_one_statement and ctx._calls.has_steps:
+            got = _take_in_one(ctx, resource, units, rate, seq, taken, before)
+            if isinstance(got, Exception):  # raised once the deferred records are committed
+                failed = got
+            else:
+                grant = Grant(resource, units, got, ctx.job_id, seq)
         else:
             now = _take(ctx, resource, units, rate, taken, before)
             grant = Grant(resource, units, now, ctx.job_id, seq)
@@ -179,7 +192,50 @@ def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], se
                                   _fence(ctx), handler=_handler(ctx))  # fmt: skip
             _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
     deferred_written(ctx, taken)
+    if failed is not None:
+        raise failed
     return grant
+
+
+def _take_in_one(
+    ctx: JobContext,
+    resource: str,
+    units: int,
+    rate: tuple[int, int],
+    seq: int,
+    taken: list[Deferred],
+    before: list[tuple[str, list[Any]]],
+) -> dt.datetime | _NoRow | _NoRoom:
+    """`_take` and the grant's writes in one round trip with the COMMIT (PostgreSQL): the
+    lock, the deferred records, then one statement that writes the grant if its window has
+    room (`Dialect.grant_sql`). Return the grant's time, or what to raise once the
+    transaction ends (the deferred records are written either way)."""
+    dialect = ctx._dialect
+    cap, period = rate
+    grant = dialect.grant_sql(
+        resource=resource, units=units, cap=cap,
+        read=window.read_sql(dialect, {resource: period}),
+        record=(ACQUIRE, seq, ctx._calls.place_of(ACQUIRE, seq)),
+        lease=_fence(ctx), handler=_handler(ctx),
+    )  # fmt: skip
+    lock = dialect.lock_resources_sql([resource], wait=True)
+    rows, *counts, [(at, closed_until, started, _, written)] = dialect.execute_together(
+        [lock, *before, grant], last=True
+    )
+    check_deferred(ctx, taken, counts)
+    if not rows:
+        return _NoRow()
+    now = aware(at)
+    if written:
+        return now
+    closed = aware(closed_until) if closed_until else None
+    if closed is not None and closed > now:
+        return _NoRoom(closed)
+    if int(started) + units > cap:
+        return _NoRoom(
+            window.reopens_at(dialect, resource, period, int(started) + units - cap, now)
+        )
+    raise lease_lost(ctx._lease)  # room, but the record was not written: nothing was
 
 
 def _fence(ctx: JobContext) -> tuple[int, str, int]:

@@ -236,6 +236,7 @@ def test_a_give_back_is_written_with_the_jobs_next_round_trip():
     from django_jobqueue import durable, leases
     from django_jobqueue.context import JobContext
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.exceptions import Suspend
 
     seen = []
 
@@ -264,8 +265,14 @@ def test_a_give_back_is_written_with_the_jobs_next_round_trip():
         assert window_units("daily:4") == 39
         durable.flush(ctx)  # what the worker does when the run ends
         assert (window_units("daily:4"), seen[-1]) == (29, (fourth.key, 0))
+        fifth = ctx.acquire("daily:4", 10)
+        ctx.settle(fifth, 5)
+        with pytest.raises(Suspend):  # no room: the run ends, and the give-back is written
+            ctx.acquire("daily:4", 1000)
+        durable.flush(ctx)
+        assert (window_units("daily:4"), seen[-1]) == (34, (fifth.key, 5))
     finally:
         signals.units_settled.disconnect(receiver)
     settles = JobStep.objects.filter(job_id=job.pk, name="@settle").order_by("place")
-    assert [s.result["used"] for s in settles] == [4, 10, 15, 0]
-    assert len(seen) == 4
+    assert [s.result["used"] for s in settles] == [4, 10, 15, 0, 5]
+    assert len(seen) == 5
