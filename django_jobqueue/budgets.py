@@ -35,7 +35,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from . import conf, signals, telemetry
-from .dialects.base import aware
+from .dialects.base import GrantWrite, aware
 from .durable import (
     MISSING,
     Deferred,
@@ -213,10 +213,9 @@ def _take_in_one(
     dialect = ctx._dialect
     cap, period = rate
     grant = dialect.grant_sql(
-        resource=resource, units=units, cap=cap,
-        read=window.read_sql(dialect, {resource: period}),
-        record=(ACQUIRE, seq, ctx._calls.place_of(ACQUIRE, seq)),
-        lease=_fence(ctx), handler=_handler(ctx),
+        GrantWrite(resource, units, cap, window.read_sql(dialect, {resource: period}),
+                   (ACQUIRE, seq, ctx._calls.place_of(ACQUIRE, seq)), _fence(ctx),
+                   _handler(ctx))
     )  # fmt: skip
     lock = dialect.lock_resources_sql([resource], wait=True)
     rows, *counts, [(at, closed_until, started, _, written)] = dialect.execute_together(

@@ -112,6 +112,20 @@ def result_of(cursor: Any) -> Any:
     return cursor.fetchall() if cursor.description is not None else cursor.rowcount
 
 
+class GrantWrite(NamedTuple):
+    """What `Dialect.grant_sql` grants and writes: `units` of `resource` under `cap` (the
+    window's statement `read`), the record (name, seq, place) fenced by `lease` (job id, owner,
+    attempt), and the spend of `handler`."""
+
+    resource: str
+    units: int
+    cap: int
+    read: tuple[str, list[Any]]
+    record: tuple[str, int, int | None]
+    lease: tuple[int, str, int]
+    handler: str
+
+
 class Dialect:
     """How one database claims, locks and retries; subclasses override only what differs."""
 
@@ -233,23 +247,13 @@ class Dialect:
         )
         return sql, [*params, *names_params]
 
-    def grant_sql(
-        self,
-        *,
-        resource: str,
-        units: int,
-        cap: int,
-        read: tuple[str, list[Any]],
-        record: tuple[str, int, int | None],
-        lease: tuple[int, str, int],
-        handler: str,
-    ) -> tuple[str, list[Any]]:
-        """The one statement of a running job's grant, after the lock of `resource`'s row
-        (`can_grant_in_one_statement`): read the clock and the window (`read`); if the row
-        is there and the window has room for `units` under `cap`, write the grant's record
-        (`record`: name, seq, place; fenced by `lease`, locking the job's row) and its window
-        and spend rows, stamped with that clock. Its one row: (clock, closed_until, units in
-        the window, their oldest start, records written)."""
+    def grant_sql(self, grant: GrantWrite) -> tuple[str, list[Any]]:
+        """The one statement of a running job's grant, after the lock of its resource's row
+        (`can_grant_in_one_statement`): read the clock and the window (`grant.read`); if the
+        row is there and the window has room for `grant.units` under `grant.cap`, write the
+        grant's record (`grant.record`: name, seq, place; fenced by `grant.lease`, locking the
+        job's row) and its window and spend rows, stamped with that clock. Its one row:
+        (clock, closed_until, units in the window, their oldest start, records written)."""
         raise NotImplementedError
 
     def existing_resources(self, names: Sequence[str]) -> set[str]:

@@ -14,19 +14,10 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
-from ..models import (
-    Job,
-    JobDependency,
-    JobQuerySet,
-    JobSequence,
-    JobStep,
-    JobWait,
-    Limit,
-    MinuteSpend,
-    ResourceStart,
-)
+from .. import models
+from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
 from ..records import Finished, FinishReport
-from .base import Dialect, result_of, seconds, statement_bound
+from .base import Dialect, GrantWrite, result_of, seconds, statement_bound
 from .functions import DbNow
 from .literals import array
 
@@ -235,28 +226,18 @@ class PostgreSQLDialect(Dialect):
                 results.append(result_of(cursor))
         return results
 
-    def grant_sql(
-        self,
-        *,
-        resource: str,
-        units: int,
-        cap: int,
-        read: tuple[str, list[Any]],
-        record: tuple[str, int, int | None],
-        lease: tuple[int, str, int],
-        handler: str,
-    ) -> tuple[str, list[Any]]:
+    def grant_sql(self, grant: GrantWrite) -> tuple[str, list[Any]]:
         # Data-modifying WITH clauses: the grant's decision and writes in one statement, sent
         # with the lock (and the COMMIT) in one round trip. The clock is read once (t, read
         # after the lock, which the statement before took), so the record, the window's row
         # and the minute of the spend all carry the time the window was read at.
         step, job = self.qn(JobStep._meta.db_table), self.qn(Job._meta.db_table)
-        limit, starts = self.qn(Limit._meta.db_table), self.qn(ResourceStart._meta.db_table)
-        spend = self.qn(MinuteSpend._meta.db_table)
+        limit = self.qn(models.Limit._meta.db_table)
+        starts = self.qn(models.ResourceStart._meta.db_table)
+        spend = self.qn(models.MinuteSpend._meta.db_table)
         states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
-        name, seq, place = record
+        resource, units, cap, (read_sql, read_params), (name, seq, place), lease, handler = grant
         values = self._record_values(name, seq, place, None, lease[2], None)
-        read_sql, read_params = read
         iso = '\'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"\''  # as Python's isoformat() reads it
         on_conflict = self._add_on_conflict(spend, ("minute", "resource", "handler"), "units")
         sql = (
@@ -282,7 +263,7 @@ class PostgreSQLDialect(Dialect):
         params = [
             *read_params, resource, units, cap,
             values[0], values[1], values[2], resource, units, values[4], values[6], *lease,
-            resource, units, ResourceStart.Kind.GRANT.value,
+            resource, units, models.ResourceStart.Kind.GRANT.value,
             resource, handler, units,
         ]  # fmt: skip
         return sql, params
