@@ -358,12 +358,19 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
         )  # fmt: skip
         ctx._deferred.append(Deferred([statement, *rows], sent))
         ctx._calls.remember(SETTLE, seq, record)
+        _settled_now(ctx, key)
         return
     # A charge is written at once: the grants after it must count it.
     flush(ctx)
     _write(ctx, SETTLE, seq, record, rows, alone=True)
     ctx._calls.remember(SETTLE, seq, record)
+    _settled_now(ctx, key)
     sent()
+
+
+def _settled_now(ctx: JobContext, key: str) -> None:
+    if ctx._settled is not None:
+        ctx._settled.add(key)
 
 
 def _sent(ctx: JobContext, resource: str, granted: int, used: int, key: str) -> None:
@@ -403,12 +410,15 @@ def _claimed(ctx: JobContext, resource: str) -> tuple[int, dt.datetime | None]:
 
 
 def _settled(ctx: JobContext, key: str) -> bool:
-    """Whether a record of this job already settles `key`."""
-    recorded = ctx._calls.recorded()
-    return any(
-        name == SETTLE and isinstance(value, dict) and value.get("grant") == key
-        for (name, _), value in recorded.items()
-    )
+    """Whether a record of this job already settles `key` (the keys settled are gathered from
+    the records once a run, then kept: a job of many calls looks at each settlement once)."""
+    if ctx._settled is None:
+        ctx._settled = {
+            value.get("grant")
+            for (name, _), value in ctx._calls.recorded().items()
+            if name == SETTLE and isinstance(value, dict)
+        }
+    return key in ctx._settled
 
 
 def _handler(ctx: JobContext) -> str:

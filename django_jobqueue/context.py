@@ -72,6 +72,7 @@ class JobContext:
         self._progress = durable.Progress()
         # Records written with the job's next round trip (settlements that give units back).
         self._deferred: list[durable.Deferred] = []
+        self._settled: set[Any] | None = None  # the grants settled (budgets._settled)
 
     def __repr__(self) -> str:
         return (
