@@ -276,3 +276,34 @@ def test_a_give_back_is_written_with_the_jobs_next_round_trip():
     settles = JobStep.objects.filter(job_id=job.pk, name="@settle").order_by("place")
     assert [s.result["used"] for s in settles] == [4, 10, 15, 0, 5]
     assert len(seen) == 5
+
+
+def test_on_postgresql_a_grant_and_the_settlement_before_it_are_one_query():
+    """PostgreSQL: a settlement that gives back sends nothing; the job's next grant sends the
+    resource's lock, that settlement and the grant's one statement, with its COMMIT, as one
+    query (a simple query of several statements: one round trip)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobqueue import leases
+    from django_jobqueue.context import JobContext
+    from django_jobqueue.dialects import get_dialect
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's round trips")
+    job = jobqueue.enqueue("test.noop")
+    dialect = get_dialect(connection.alias)
+    [claimed] = leases.claim(dialect, owner="w1", queues=[], limit=1, lease_ttl=30)
+    ctx = JobContext(claimed.model(), claimed.attempts, "w1", 30.0, dialect)
+    first = ctx.acquire("daily:6", 10)  # the job's first record (it marks the job's row)
+    with CaptureQueriesContext(connection) as queries:
+        ctx.settle(first, 4)
+        assert queries.captured_queries == []
+        second = ctx.acquire("daily:6", 10)
+    grants = [q["sql"] for q in queries.captured_queries if '"django_jobqueue_limit"' in q["sql"]]
+    [sql] = grants
+    lock, settle, grant = sql.index("FOR UPDATE"), sql.index("'@settle'"), sql.index("WITH t AS")
+    assert lock < settle < grant and sql.endswith("; COMMIT")
+    assert window_units("daily:6") == 14
+    record = JobStep.objects.get(job_id=job.pk, name="@acquire", seq=2).result
+    assert dt.datetime.fromisoformat(record["granted_at"]) == second.granted_at
