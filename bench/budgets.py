@@ -4,9 +4,11 @@
 
 Issue 48's target: an acquire and its settlement together cost at most one claim. A job is
 claimed (its lease held), then its context takes 1 unit of "tokens" (a rate far from full)
-and settles 1, `--calls` times, each pair timed (each is two transactions: the grant's, with
-its window's row, the lock of the resource and the record; the settlement's, with its row and
-record). Claims of 10 plain jobs (each its own transaction, as the dispatcher runs them) are
+and settles 1, `--calls` times, each pair timed: the grant's transaction (the lock of the
+resource, the window's read, its record and row), which also writes the settlement before it
+(a settlement at or below its grant waits for the job's next round trip; on PostgreSQL all of
+it is one round trip with the COMMIT; on MySQL the settlement commits just before). Claims of
+10 plain jobs (each its own transaction, as the dispatcher runs them) are
 timed beside them, the two taking turns, so that the machine's drift is the same for both.
 `ratio` is the median pair over the median claim (the median of the rounds' ratios).
 

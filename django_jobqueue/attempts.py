@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from . import joblogs, leases, limits, registry, signals, telemetry, validation, wake
+from . import durable, joblogs, leases, limits, registry, signals, telemetry, validation, wake
 from .conf import JobQueueSettings
 from .context import AsyncJobContext, JobContext
 from .dialects import Dialect
@@ -164,6 +165,8 @@ def _run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome 
             flight.leave_handler()
             _flush_progress(flight)
             _end_lines(flight)
+            if flight.context is not None and flight.context._deferred:
+                durable.flush(flight.context)  # an error fails the attempt: its replay settles
     except BaseException as exc:  # one bad job never kills the worker, SystemExit included
         mismatch = _mismatch(flight)
         if mismatch is not None:
@@ -258,6 +261,8 @@ async def _run_async(dialect: Dialect, conf: JobQueueSettings, flight: InFlight)
             _end_lines(flight)
             if flight.context is not None and flight.context._progress.pending is not None:
                 await sync_to_async(_flush_progress)(flight)  # off the loop, as its calls
+            if flight.context is not None and flight.context._deferred:
+                await durable.in_thread(functools.partial(durable.flush, flight.context))
     except BaseException as exc:  # cancelled too: by the dispatcher, which settled it first
         return _failed(flight, _mismatch(flight) or exc)
     return _succeeded(flight, result, conf)

@@ -10,12 +10,16 @@ it. So:
   place under any limit, no attempt used) until the window will have room, and tries again
   when the job runs again;
 - `settle(grant, used)` writes what the work really used, at the grant's time: less gives the
-  difference back to the window at once, more charges it to the window the grant was taken
-  in. `settle(resource, used)` does the same for the units the job's `uses` took at its claim.
+  difference back to the window, more charges it to the window the grant was taken in.
+  `settle(resource, used)` does the same for the units the job's `uses` took at its claim.
+  A charge is written at once; a settlement at or below its grant waits for the job's next
+  round trip (`durable.Deferred`): its next grant's transaction (one round trip in all on
+  PostgreSQL, `Dialect.grant_sql`), its next durable call, or the end of its run.
 
 Both are durable calls (records "@acquire" and "@settle", written in the transaction of their
 window's row, fenced by the lease): a replay returns the same grant and takes nothing again,
-and never settles twice. In any window the units granted (each settlement counted at its
+and never settles twice (a settlement not yet written when its worker died is settled by the
+replay). In any window the units granted (each settlement counted at its
 grant's time) never exceed the rate; only a settlement above its grant can push a window
 over, by at most that excess, and no grant is made in that window until it has room again.
 A grant never settled counts as granted. `testing.run_jobs()` applies no limit: a grant is
@@ -27,11 +31,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 from typing import TYPE_CHECKING, Any
 
 from . import conf, signals, telemetry
-from .dialects.base import aware
-from .durable import MISSING, lease_lost, write
+from .dialects.base import GrantWrite, aware
+from .durable import (
+    MISSING,
+    Deferred,
+    check_deferred,
+    deferred,
+    deferred_written,
+    flush,
+    lease_lost,
+    write,
+)
 from .exceptions import InvalidJobError, Suspend
 from .limits import live, window
 from .limits.resources import make_rows
@@ -155,17 +169,72 @@ def _grant(ctx: JobContext, resource: str, units: int, rate: tuple[int, int], se
     fenced by the lease (it locks the job's row while the lease is current, else LeaseLost
     rolls the grant back): no fence before it is needed."""
     dialect = ctx._dialect
+    # The settlements deferred since the job's last write go first, in this transaction.
+    if not dialect.can_defer_into_grant:
+        flush(ctx)
+    taken, before = deferred(ctx)
+    failed: Exception | None = None
     with dialect.step_transaction():
         if not ctx._apply_limits:  # testing.run_jobs() applies no limit: nothing is counted
+            check_deferred(ctx, taken, dialect.write_together(before))
             grant = Grant(resource, units, dialect.now(), ctx.job_id, seq)
             write(ctx, ACQUIRE, seq, grant._record(), None)
-            return grant
-        now = _take(ctx, resource, units, rate)
-        grant = Grant(resource, units, now, ctx.job_id, seq)
-        rows = window.add_sql(dialect, resource, now, units, ResourceStart.Kind.GRANT,
-                              _fence(ctx), handler=_handler(ctx))  # fmt: skip
-        _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
+        elif dialect.can_grant_in_one_statement and ctx._calls.has_steps:
+            got = _take_in_one(ctx, resource, units, rate, seq, taken, before)
+            if isinstance(got, Exception):  # raised once the deferred records are committed
+                failed = got
+            else:
+                grant = Grant(resource, units, got, ctx.job_id, seq)
+        else:
+            now = _take(ctx, resource, units, rate, taken, before)
+            grant = Grant(resource, units, now, ctx.job_id, seq)
+            rows = window.add_sql(dialect, resource, now, units, ResourceStart.Kind.GRANT,
+                                  _fence(ctx), handler=_handler(ctx))  # fmt: skip
+            _write(ctx, ACQUIRE, seq, grant._record(), rows, alone=False)
+    deferred_written(ctx, taken)
+    if failed is not None:
+        raise failed
     return grant
+
+
+def _take_in_one(
+    ctx: JobContext,
+    resource: str,
+    units: int,
+    rate: tuple[int, int],
+    seq: int,
+    taken: list[Deferred],
+    before: list[tuple[str, list[Any]]],
+) -> dt.datetime | _NoRow | _NoRoom:
+    """`_take` and the grant's writes in one round trip with the COMMIT (PostgreSQL): the
+    lock, the deferred records, then one statement that writes the grant if its window has
+    room (`Dialect.grant_sql`). Return the grant's time, or what to raise once the
+    transaction ends (the deferred records are written either way)."""
+    dialect = ctx._dialect
+    cap, period = rate
+    grant = dialect.grant_sql(
+        GrantWrite(resource, units, cap, window.read_sql(dialect, {resource: period}),
+                   (ACQUIRE, seq, ctx._calls.place_of(ACQUIRE, seq)), _fence(ctx),
+                   _handler(ctx))
+    )  # fmt: skip
+    lock = dialect.lock_resources_sql([resource], wait=True)
+    rows, *counts, [(at, closed_until, started, _, written)] = dialect.execute_together(
+        [lock, *before, grant], last=True
+    )
+    check_deferred(ctx, taken, counts)
+    if not rows:
+        return _NoRow()
+    now = aware(at)
+    if written:
+        return now
+    closed = aware(closed_until) if closed_until else None
+    if closed is not None and closed > now:
+        return _NoRoom(closed)
+    if int(started) + units > cap:
+        return _NoRoom(
+            window.reopens_at(dialect, resource, period, int(started) + units - cap, now)
+        )
+    raise lease_lost(ctx._lease)  # room, but the record was not written: nothing was
 
 
 def _fence(ctx: JobContext) -> tuple[int, str, int]:
@@ -206,23 +275,34 @@ def _write(
         raise lease_lost(lease)
 
 
-def _take(ctx: JobContext, resource: str, units: int, rate: tuple[int, int]) -> dt.datetime:
-    """Lock `resource`'s row (waited for: one resource) and see whether its window has room
-    for `units`: return the database's time of the grant (the caller writes it before the
-    lock is let go), or raise _NoRoom."""
+def _take(
+    ctx: JobContext,
+    resource: str,
+    units: int,
+    rate: tuple[int, int],
+    taken: list[Deferred],
+    before: list[tuple[str, list[Any]]],
+) -> dt.datetime:
+    """Lock `resource`'s row (waited for: one resource), write the deferred records `taken`
+    (their statements `before`), and see whether its window has room for `units`: return the
+    database's time of the grant (the caller writes it before the lock is let go), or raise
+    _NoRoom (the caller's transaction then rolls the deferred records back, to write later)."""
     dialect = ctx._dialect
     cap, period = rate
     lock = dialect.lock_resources_sql([resource], wait=True)
     # The grant's time is read by a statement of its own, after the lock is held: a locking
     # SELECT computes its columns before it waits for the row (PostgreSQL's CLOCK_TIMESTAMP),
     # or reads the clock once when it starts (MySQL's UTC_TIMESTAMP), and a grant stamped
-    # before the grants it waited for would leave later windows too early.
+    # before the grants it waited for would leave later windows too early. The deferred
+    # records go after the lock, which every grant takes before the job's row.
     clock, clock_params = dialect.clock_sql()
-    rows, [(at,)], totals = dialect.execute_together(
-        [lock, (f"SELECT {clock}", clock_params), window.read_sql(dialect, {resource: period})]
-    )
+    rows, *counts, [(at,)], totals = dialect.execute_together(
+        [lock, *before, (f"SELECT {clock}", clock_params),
+         window.read_sql(dialect, {resource: period})]
+    )  # fmt: skip
     if not rows:
         raise _NoRow
+    check_deferred(ctx, taken, counts)
     _, closed_until, _ = rows[0]
     now = aware(at)
     closed = aware(closed_until) if closed_until else None
@@ -265,8 +345,36 @@ def settle(ctx: JobContext, target: Grant | str, used: int) -> None:
     if ctx._apply_limits and at is not None:
         rows = window.add_sql(ctx._dialect, resource, at, delta, kind, _fence(ctx), used=used,
                               handler=_handler(ctx))  # fmt: skip
+    sent = functools.partial(_sent, ctx, resource, granted, used, key)
+    if delta <= 0 and ctx._calls.has_steps and not ctx._dialect.connection.in_atomic_block:
+        # Nothing to charge: the record (and the units it gives back) can wait for the job's
+        # next round trip. Until then the window counts the whole grant, which only delays
+        # the room it gives back; a run that ends first writes it as it ends, one killed
+        # first settles again in its replay (the grant's record is there, this one is not).
+        lease = ctx._lease
+        statement = ctx._dialect.record_call_sql(
+            job_id=lease.job_id, owner=lease.owner, attempt=lease.attempt, name=SETTLE,
+            seq=seq, result=record, duration=None, place=ctx._calls.place_of(SETTLE, seq),
+        )  # fmt: skip
+        ctx._deferred.append(Deferred([statement, *rows], sent))
+        ctx._calls.remember(SETTLE, seq, record)
+        _settled_now(ctx, key)
+        return
+    # A charge is written at once: the grants after it must count it.
+    flush(ctx)
     _write(ctx, SETTLE, seq, record, rows, alone=True)
     ctx._calls.remember(SETTLE, seq, record)
+    _settled_now(ctx, key)
+    sent()
+
+
+def _settled_now(ctx: JobContext, key: str) -> None:
+    if ctx._settled is not None:
+        ctx._settled.add(key)
+
+
+def _sent(ctx: JobContext, resource: str, granted: int, used: int, key: str) -> None:
+    """Send `units_settled` for a settlement just written."""
     if signals.connected(signals.units_settled):
         job = ctx._job
         signals.send(
@@ -302,12 +410,15 @@ def _claimed(ctx: JobContext, resource: str) -> tuple[int, dt.datetime | None]:
 
 
 def _settled(ctx: JobContext, key: str) -> bool:
-    """Whether a record of this job already settles `key`."""
-    recorded = ctx._calls.recorded()
-    return any(
-        name == SETTLE and isinstance(value, dict) and value.get("grant") == key
-        for (name, _), value in recorded.items()
-    )
+    """Whether a record of this job already settles `key` (the keys settled are gathered from
+    the records once a run, then kept: a job of many calls looks at each settlement once)."""
+    if ctx._settled is None:
+        ctx._settled = {
+            value.get("grant")
+            for (name, _), value in ctx._calls.recorded().items()
+            if name == SETTLE and isinstance(value, dict)
+        }
+    return key in ctx._settled
 
 
 def _handler(ctx: JobContext) -> str:

@@ -80,6 +80,9 @@ class JobContext:
         self._lines = joblogs.Lines(
             _dialect.using, self.job_id, attempt, _log_limits or joblogs.Limits(), job.has_steps
         )
+        # Records written with the job's next round trip (settlements that give units back).
+        self._deferred: list[durable.Deferred] = []
+        self._settled: set[Any] | None = None  # the grants settled (budgets._settled)
 
     def __repr__(self) -> str:
         return (
@@ -247,7 +250,11 @@ class JobContext:
 
     def settle(self, grant: Grant | str, used: int) -> None:
         """Record what the work of `grant` really used: less gives the rest back to its
-        window at once, more charges the difference to the window it was granted in.
+        window, more charges the difference to the window it was granted in.
+
+        A charge is written before the call returns; a settlement at or below its grant is
+        written with the job's next round trip (its next grant, its next durable call, or the
+        end of the run), and its room comes back then.
 
         `grant` may also be a resource of the job's `uses`: the same for the units its claim
         took. Durable: a later run never settles twice; settling one grant twice raises

@@ -32,7 +32,7 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
@@ -94,6 +94,53 @@ def _record(
             rows = JobStep.objects.using(dialect.using)
             rows.filter(job_id=lease.job_id, name=name, seq=seq).update(result=result)
     ctx._calls.remember(name, seq, result)
+
+
+# -- records deferred to the job's next round trip -----------------------------------------------
+
+
+class Deferred(NamedTuple):
+    """The record of a call that need not be written at once (a settlement that gives units
+    back, or none), with its rows: it goes at the head of the job's next write (its next
+    grant's transaction), before its next durable call, or when its run ends (`flush`),
+    whichever comes first. `written` runs once it is committed."""
+
+    statements: list[tuple[str, list[Any]]]  # the record first (fenced by the lease), its rows
+    written: Callable[[], None]
+
+
+def deferred(ctx: JobContext) -> tuple[list[Deferred], list[tuple[str, list[Any]]]]:
+    """The deferred records of `ctx` and their statements, in order, to write with others."""
+    taken = list(ctx._deferred)
+    return taken, [statement for item in taken for statement in item.statements]
+
+
+def check_deferred(ctx: JobContext, taken: list[Deferred], counts: list[Any]) -> None:
+    """LeaseLost (nothing of them was written: all are fenced) unless each record of `taken`
+    was written (`counts`: the row counts of their statements, in order)."""
+    at = 0
+    for item in taken:
+        if not counts[at]:
+            raise lease_lost(ctx._lease)
+        at += len(item.statements)
+
+
+def deferred_written(ctx: JobContext, taken: list[Deferred]) -> None:
+    """Forget `taken` (their transaction committed) and run what follows each."""
+    del ctx._deferred[: len(taken)]
+    for item in taken:
+        item.written()
+
+
+def flush(ctx: JobContext) -> None:
+    """Write the deferred records of `ctx`, in a transaction of their own (or a savepoint of
+    the caller's); LeaseLost, writing nothing, if the lease is gone."""
+    if not ctx._deferred:
+        return
+    taken, statements = deferred(ctx)
+    counts = ctx._dialect.write_alone(statements)
+    check_deferred(ctx, taken, counts)
+    deferred_written(ctx, taken)
 
 
 # -- running a plan ------------------------------------------------------------------------------
@@ -255,7 +302,10 @@ def _alone(
 
 
 def _next(ctx: JobContext, name: str, *, decode: bool = True) -> Plan[tuple[int, Any]]:
-    """Number this run's next call of `name`, reading the job's records first if needed."""
+    """Number this run's next call of `name`, reading the job's records first if needed (and
+    writing the deferred ones before, so that a record never goes in ahead of an earlier one)."""
+    if ctx._deferred:
+        yield functools.partial(flush, ctx)
     if not ctx._calls.read:
         yield ctx._calls.load
     return ctx._calls.next(name, decode=decode)
@@ -490,6 +540,8 @@ def patch_plan(ctx: JobContext, patch_id: str) -> Plan[bool]:
     if not ctx._calls.read:
         yield ctx._calls.load
     answer, place = ctx._calls.patch(patch_id)
+    if place is not None and ctx._deferred:
+        yield functools.partial(flush, ctx)
     if place is not None:  # the first run to reach it: its answer, recorded at its place
         yield functools.partial(_record, ctx, PATCH, place, {"patch": patch_id})
     return answer

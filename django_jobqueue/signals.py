@@ -18,7 +18,9 @@ outcomes (its reclaimer for a job whose lease expired on its last attempt).
   seconds, and the job waits (`state`: "scheduled") without using its attempt.
 - `units_settled`: a running job settled units (`ctx.settle()`): `resource`, `granted` (the
   units of the grant, or of the job's `uses`), `used`, and `grant` (the grant's key, or
-  "uses:<resource>"). Sent from the handler's thread once the settlement committed.
+  "uses:<resource>"). Sent from the handler's thread once the settlement committed (one at
+  or below its grant commits with the job's next round trip: its next grant, its next
+  durable call, or the end of its run).
 
 A receiver that raises never stops the worker: the error is logged
 (logger `django_jobqueue.signals`) and the other receivers still run. With no receiver

@@ -198,7 +198,7 @@ def test_a_grant_or_settlement_of_a_lost_lease_writes_nothing(first):
     and the window's rows are written together, fenced by the lease, or not at all."""
     from django.db import connection
 
-    from django_jobqueue import leases
+    from django_jobqueue import durable, leases
     from django_jobqueue.context import JobContext
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.exceptions import LeaseLost
@@ -211,13 +211,99 @@ def test_a_grant_or_settlement_of_a_lost_lease_writes_nothing(first):
         ctx.step("warm-up", lambda: 1)
     grant, unsettled = ctx.acquire("daily:3", 10), ctx.acquire("daily:3", 10)
     ctx.settle(grant, 4)
+    durable.flush(ctx)  # a give-back waits for the job's next round trip: the run's end here
     before = (window_units("daily:3"), JobStep.objects.filter(job_id=job.pk).count())
     assert before[0] == 14
     Job.objects.filter(pk=job.pk).update(lease_owner="w2", attempts=claimed.attempts + 1)
     with pytest.raises(LeaseLost):
         ctx.acquire("daily:3", 10)
     with pytest.raises(LeaseLost):
-        ctx.settle(unsettled, 1)
+        ctx.settle(unsettled, 12)  # a charge: written at once
+    ctx.settle(unsettled, 1)  # a give-back: deferred, and refused where it is written
+    with pytest.raises(LeaseLost):
+        durable.flush(ctx)
     assert (window_units("daily:3"), JobStep.objects.filter(job_id=job.pk).count()) == before
     spent = MinuteSpend.objects.filter(resource="daily:3").aggregate(n=Sum("units"))["n"]
     assert spent == 14
+
+
+def test_a_give_back_is_written_with_the_jobs_next_round_trip():
+    """A settlement at or below its grant is written with the job's next grant (in its
+    transaction), before its next durable call, or when its run ends; units_settled is sent
+    once it is written. A charge (above the grant) is written at once."""
+    from django.db import connection
+
+    from django_jobqueue import durable, leases
+    from django_jobqueue.context import JobContext
+    from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.exceptions import Suspend
+
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append((kwargs["grant"], kwargs["used"]))
+
+    job = jobqueue.enqueue("test.noop")
+    dialect = get_dialect(connection.alias)
+    [claimed] = leases.claim(dialect, owner="w1", queues=[], limit=1, lease_ttl=30)
+    ctx = JobContext(claimed.model(), claimed.attempts, "w1", 30.0, dialect)
+    signals.units_settled.connect(receiver)
+    try:
+        first = ctx.acquire("daily:4", 10)
+        ctx.settle(first, 4)
+        assert (window_units("daily:4"), seen) == (10, [])  # not written yet
+        second = ctx.acquire("daily:4", 10)  # writes it first, in the grant's transaction
+        assert (window_units("daily:4"), seen) == (14, [(first.key, 4)])
+        ctx.settle(second, 10)
+        ctx.step("after", lambda: 1)  # a durable call writes it before its own record
+        assert (window_units("daily:4"), seen[-1]) == (14, (second.key, 10))
+        third = ctx.acquire("daily:4", 10)
+        ctx.settle(third, 15)  # a charge: at once
+        assert (window_units("daily:4"), seen[-1]) == (29, (third.key, 15))
+        fourth = ctx.acquire("daily:4", 10)
+        ctx.settle(fourth, 0)
+        assert window_units("daily:4") == 39
+        durable.flush(ctx)  # what the worker does when the run ends
+        assert (window_units("daily:4"), seen[-1]) == (29, (fourth.key, 0))
+        fifth = ctx.acquire("daily:4", 10)
+        ctx.settle(fifth, 5)
+        with pytest.raises(Suspend):  # no room: the run ends, and the give-back is written
+            ctx.acquire("daily:4", 1000)
+        durable.flush(ctx)
+        assert (window_units("daily:4"), seen[-1]) == (34, (fifth.key, 5))
+    finally:
+        signals.units_settled.disconnect(receiver)
+    settles = JobStep.objects.filter(job_id=job.pk, name="@settle").order_by("place")
+    assert [s.result["used"] for s in settles] == [4, 10, 15, 0, 5]
+    assert len(seen) == 5
+
+
+def test_on_postgresql_a_grant_and_the_settlement_before_it_are_one_query():
+    """PostgreSQL: a settlement that gives back sends nothing; the job's next grant sends the
+    resource's lock, that settlement and the grant's one statement, with its COMMIT, as one
+    query (a simple query of several statements: one round trip)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobqueue import leases
+    from django_jobqueue.context import JobContext
+    from django_jobqueue.dialects import get_dialect
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's round trips")
+    job = jobqueue.enqueue("test.noop")
+    dialect = get_dialect(connection.alias)
+    [claimed] = leases.claim(dialect, owner="w1", queues=[], limit=1, lease_ttl=30)
+    ctx = JobContext(claimed.model(), claimed.attempts, "w1", 30.0, dialect)
+    first = ctx.acquire("daily:6", 10)  # the job's first record (it marks the job's row)
+    with CaptureQueriesContext(connection) as queries:
+        ctx.settle(first, 4)
+        assert queries.captured_queries == []
+        second = ctx.acquire("daily:6", 10)
+    grants = [q["sql"] for q in queries.captured_queries if '"django_jobqueue_limit"' in q["sql"]]
+    [sql] = grants
+    lock, settle, grant = sql.index("FOR UPDATE"), sql.index("'@settle'"), sql.index("WITH t AS")
+    assert lock < settle < grant and sql.endswith("; COMMIT")
+    assert window_units("daily:6") == 14
+    record = JobStep.objects.get(job_id=job.pk, name="@acquire", seq=2).result
+    assert dt.datetime.fromisoformat(record["granted_at"]) == second.granted_at

@@ -96,24 +96,35 @@ def test_a_settlement_above_its_grant_can_push_a_window_over_by_its_excess_only(
         assert used <= RATE + excess, (used, excess)
 
 
+@pytest.mark.parametrize(
+    ("hold", "seen"),
+    [("hold", "granted 0"), ("hold_after", "settled 0")],
+    ids=["before-settle", "give-back-unwritten"],
+)
 @pytest.mark.parametrize("handler", ["budgets.acalls", "budgets.calls"], ids=["async", "sync"])
 def test_a_worker_killed_between_a_grant_and_its_settlement_takes_and_settles_once(
-    start_worker, tmp_path: Path, handler
+    start_worker, tmp_path: Path, handler, hold, seen
 ):
+    """SIGKILL between the first grant and its settlement, or once its settlement returned
+    but before it was written (one below its grant waits for the job's next round trip):
+    the replay takes the grant and settles it once."""
     marker = str(tmp_path / "calls")
     job = jobqueue.enqueue(handler, {"resource": "daily:9", "calls": 2, "estimate": 10,
-                                             "used": 4, "marker": marker, "hold": 60},
+                                     "used": 4, "marker": marker, hold: 60},
                            max_attempts=3)  # fmt: skip
     doomed = start_worker(*SHORT_LEASE, env=ENV)
-    poll(lambda: Path(marker).exists() and "granted 0" in Path(marker).read_text())
-    doomed.kill()  # SIGKILL between the first grant and its settlement
-    Job.objects.filter(pk=job.pk).update(args={**job.args, "hold": 0})  # no more holding
+    poll(lambda: Path(marker).exists() and seen in Path(marker).read_text())
+    doomed.kill()
+    assert not ResourceStart.objects.filter(resource="daily:9", kind="settle").exists()
+    Job.objects.filter(pk=job.pk).update(args={**job.args, hold: 0})  # no more holding
     start_worker(*SHORT_LEASE, env=ENV)
     done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=90)
     assert done.state == Job.State.DONE
     grants = ResourceStart.objects.filter(resource="daily:9", kind="grant")
     assert grants.count() == 2  # the first grant replayed from its record, not taken again
-    assert ResourceStart.objects.filter(resource="daily:9", kind="settle").count() == 2
+    settles = ResourceStart.objects.filter(resource="daily:9", kind="settle")
+    assert sorted(settles.values_list("units", flat=True)) == [-6, -6]
+    assert JobStep.objects.filter(job_id=job.pk, name="@settle").count() == 2
     assert [c["used"] for c in done.result] == [4, 4]
 
 

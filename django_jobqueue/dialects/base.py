@@ -108,6 +108,25 @@ class LockedResources(NamedTuple):
 _JSON_DOCUMENT_TYPES = {dict, list, type(None)}
 
 
+def result_of(cursor: Any) -> Any:
+    """The rows of the statement `cursor` ran last, or the count of the rows it wrote."""
+    return cursor.fetchall() if cursor.description is not None else cursor.rowcount
+
+
+class GrantWrite(NamedTuple):
+    """What `Dialect.grant_sql` grants and writes: `units` of `resource` under `cap` (the
+    window's statement `read`), the record (name, seq, place) fenced by `lease` (job id, owner,
+    attempt), and the spend of `handler`."""
+
+    resource: str
+    units: int
+    cap: int
+    read: tuple[str, list[Any]]
+    record: tuple[str, int, int | None]
+    lease: tuple[int, str, int]
+    handler: str
+
+
 class Dialect:
     """How one database claims, locks and retries; subclasses override only what differs."""
 
@@ -116,6 +135,12 @@ class Dialect:
     has_select_for_update_skip_locked = True
     # Whether UPDATE ... RETURNING exists: the claim and the finish are then one statement.
     can_return_rows_from_update = False
+    # Whether a running job's grant (its clock, window read, record and rows) is one statement
+    # (`grant_sql`): data-modifying WITH clauses.
+    can_grant_in_one_statement = False
+    # Whether a running job's deferred records (settlements that give back) may be written in
+    # its next grant's transaction, beside the grant's own spend row (`budgets._grant`).
+    can_defer_into_grant = True
     # Whether the database can push a wake-up to idle workers (LISTEN/NOTIFY).
     supports_listen_notify = False
     # Whether maintain() has upkeep to do (the worker runs its maintainer duty then).
@@ -197,14 +222,18 @@ class Dialect:
         locked = [(name, aware(until) if until else None) for name, until, _ in rows]
         return LockedResources(locked, now, [read_json(u) for (u,) in uses])
 
-    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+    def execute_together(
+        self, statements: list[tuple[str, list[Any]]], *, last: bool = False
+    ) -> list[Any]:
         """Run `statements` (SQL, parameters) in order, each with its own snapshot, and return
-        each one's rows. Here one after the other; a dialect may send them in one round trip."""
+        each one's rows (a write's: its row count). Here one after the other; a dialect may
+        send them in one round trip, and with `last` (nothing follows in the transaction but
+        reads) its COMMIT too."""
         results = []
         with self.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
-                results.append(cursor.fetchall())
+                results.append(result_of(cursor))
         return results
 
     def lock_resources_sql(
@@ -220,6 +249,15 @@ class Dialect:
             f"WHERE {named} ORDER BY name{lock}"
         )
         return sql, [*params, *names_params]
+
+    def grant_sql(self, grant: GrantWrite) -> tuple[str, list[Any]]:
+        """The one statement of a running job's grant, after the lock of its resource's row
+        (`can_grant_in_one_statement`): read the clock and the window (`grant.read`); if the
+        row is there and the window has room for `grant.units` under `grant.cap`, write the
+        grant's record (`grant.record`: name, seq, place; fenced by `grant.lease`, locking the
+        job's row) and its window and spend rows, stamped with that clock. Its one row:
+        (clock, closed_until, units in the window, their oldest start, records written)."""
+        raise NotImplementedError
 
     def existing_resources(self, names: Sequence[str]) -> set[str]:
         """The names of `names` that have a `Limit` row, read without a lock (nor a wait)."""

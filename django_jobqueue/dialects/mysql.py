@@ -38,6 +38,11 @@ class MySQLDialect(Dialect):
     vendor = "mysql"
     claim_strategy = "SELECT ... FOR UPDATE SKIP LOCKED (exclusive, READ COMMITTED pinned)"
     _budget: int | None = None  # see document_budget()
+    # An INSERT ... SELECT takes the table's AUTO-INC lock: a grant that upserts a minute's
+    # spend row twice (a deferred settlement's, then its own) waits for it while holding the
+    # row, which a settlement of another job, holding the AUTO-INC lock, waits for: deadlock.
+    # The deferred records are written in a transaction of their own, before the grant's.
+    can_defer_into_grant = False
 
     def _add_on_conflict(self, table: str, keys: Sequence[str], value: str) -> str:
         # MySQL names no conflict target: ON DUPLICATE KEY UPDATE, which the unique key of

@@ -14,11 +14,12 @@ from django.db import DatabaseError
 from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
+from .. import models
 from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
 from ..models.functions import DbNow
 from ..models.literals import array
 from ..records import Finished, FinishReport
-from .base import Dialect, seconds, statement_bound
+from .base import Dialect, GrantWrite, result_of, seconds, statement_bound
 
 try:
     from psycopg import ClientCursor
@@ -131,6 +132,7 @@ def isolation_level(settings_dict: dict[str, Any]) -> str | None:
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     can_return_rows_from_update = True
+    can_grant_in_one_statement = True
     supports_listen_notify = True
     maintains_tables = True
     indexes_json_containment = True  # the GIN index of migration 0025
@@ -195,7 +197,9 @@ class PostgreSQLDialect(Dialect):
             and not conn.needs_rollback
         )
 
-    def execute_together(self, statements: list[tuple[str, list[Any]]]) -> list[list[Any]]:
+    def execute_together(
+        self, statements: list[tuple[str, list[Any]]], *, last: bool = False
+    ) -> list[Any]:
         # One round trip where the cursor allows (`_client_side`): a claim under LIMITS sends
         # the lock of its resources and the read of their jobs in flight so, and the read
         # still takes its snapshot once the lock is held.
@@ -206,9 +210,10 @@ class PostgreSQLDialect(Dialect):
             if len(statements) < 2 or raw is None:
                 return super().execute_together(statements)
             begin = "" if self.connection.execute_wrappers else _own_begin(raw.connection)
+            commit = "; COMMIT" if last and self._ends_with_this(cursor) else ""
             try:
                 cursor.execute(
-                    begin + "; ".join(sql for sql, _ in statements),
+                    begin + "; ".join(sql for sql, _ in statements) + commit,
                     [p for _, params in statements for p in params],
                 )
             finally:
@@ -216,11 +221,53 @@ class PostgreSQLDialect(Dialect):
                     _after_begin(raw.connection)
             if begin:
                 raw.nextset()  # past the BEGIN's result
-            results = [cursor.fetchall()]
+            results = [result_of(cursor)]
             for _ in statements[1:]:
                 raw.nextset()
-                results.append(cursor.fetchall())
+                results.append(result_of(cursor))
         return results
+
+    def grant_sql(self, grant: GrantWrite) -> tuple[str, list[Any]]:
+        # Data-modifying WITH clauses: the grant's decision and writes in one statement, sent
+        # with the lock (and the COMMIT) in one round trip. The clock is read once (t, read
+        # after the lock, which the statement before took), so the record, the window's row
+        # and the minute of the spend all carry the time the window was read at.
+        step, job = self.qn(JobStep._meta.db_table), self.qn(Job._meta.db_table)
+        limit = self.qn(models.Limit._meta.db_table)
+        starts = self.qn(models.ResourceStart._meta.db_table)
+        spend = self.qn(models.MinuteSpend._meta.db_table)
+        states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
+        resource, units, cap, (read_sql, read_params), (name, seq, place), lease, handler = grant
+        values = self._record_values(name, seq, place, None, lease[2], None)
+        iso = '\'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"\''  # as Python's isoformat() reads it
+        on_conflict = self._add_on_conflict(spend, ("minute", "resource", "handler"), "units")
+        sql = (
+            "WITH t AS (SELECT CLOCK_TIMESTAMP() AS now), "
+            f"w (resource, n, first) AS ({read_sql}), "
+            f"l AS (SELECT closed_until FROM {limit} WHERE name = %s), "
+            "ok AS (SELECT t.now FROM t WHERE EXISTS (SELECT 1 FROM l) "
+            "AND NOT EXISTS (SELECT 1 FROM l WHERE l.closed_until > t.now) "
+            "AND COALESCE((SELECT SUM(w.n) FROM w), 0) + %s <= %s), "
+            f"rec AS (INSERT INTO {step} (job_id, name, seq, place, result, attempt, duration, "
+            "created_at) SELECT j.id, %s, %s, %s, jsonb_build_object('resource', %s::text, "
+            f"'units', %s::integer, 'granted_at', to_char(ok.now AT TIME ZONE 'UTC', {iso})), "
+            f"%s, NULL, %s FROM {job} j, ok WHERE j.id = %s AND j.lease_owner = %s "
+            f"AND j.attempts = %s AND j.state IN ({states}) FOR UPDATE OF j RETURNING 1), "
+            f"g AS (INSERT INTO {starts} (resource, started_at, units, kind, used) "
+            "SELECT %s, ok.now, %s, %s, NULL FROM ok WHERE EXISTS (SELECT 1 FROM rec)), "
+            f"s AS (INSERT INTO {spend} (minute, resource, handler, units) "
+            "SELECT date_trunc('minute', ok.now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', %s, %s, "
+            f"%s FROM ok WHERE EXISTS (SELECT 1 FROM rec) {on_conflict}) "
+            "SELECT t.now, (SELECT closed_until FROM l), COALESCE((SELECT SUM(w.n) FROM w), 0), "
+            "(SELECT MIN(w.first) FROM w), (SELECT count(*) FROM rec) FROM t"
+        )
+        params = [
+            *read_params, resource, units, cap,
+            values[0], values[1], values[2], resource, units, values[4], values[6], *lease,
+            resource, units, models.ResourceStart.Kind.GRANT.value,
+            resource, handler, units,
+        ]  # fmt: skip
+        return sql, params
 
     def write_together(
         self, statements: Sequence[tuple[str, list[Any]]], *, last: bool = False

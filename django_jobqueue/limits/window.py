@@ -49,12 +49,19 @@ def length(period: int, kind: str = ResourceStart.Kind.START) -> dt.timedelta:
 
 
 def _held(dialect: Dialect, period: int) -> tuple[str, list[Any]]:
-    """SQL true for a row of a resource of `period` that its window still holds now."""
-    longer, longer_params = dialect.compile(DbNow() - length(period))
-    shorter, shorter_params = dialect.compile(DbNow() - length(period, ResourceStart.Kind.GRANT))
-    kinds = ", ".join(f"'{kind}'" for kind in AT_CLAIM)
-    sql = f"started_at > {longer} AND (kind IN ({kinds}) OR started_at > {shorter})"
-    return sql, [*longer_params, *shorter_params]
+    """SQL true for a row of a resource of `period` that its window still holds now (compiled
+    once a period: every grant and every claim under a rate reads its window)."""
+    key = ("window_held", period)
+    if key not in dialect._sql_cache:
+        longer, longer_params = dialect.compile(DbNow() - length(period))
+        shorter, shorter_params = dialect.compile(
+            DbNow() - length(period, ResourceStart.Kind.GRANT)
+        )
+        kinds = ", ".join(f"'{kind}'" for kind in AT_CLAIM)
+        sql = f"started_at > {longer} AND (kind IN ({kinds}) OR started_at > {shorter})"
+        dialect._sql_cache[key] = (sql, [*longer_params, *shorter_params])
+    sql, params = dialect._sql_cache[key]
+    return sql, list(params)
 
 
 class Started(NamedTuple):

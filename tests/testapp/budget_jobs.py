@@ -27,6 +27,7 @@ def calls(
     spread: bool = False,
     marker: str | None = None,
     hold: float = 0.0,
+    hold_after: float = 0.0,
 ) -> list[dict[str, Any]]:
     """`calls` simulated model calls: each takes `estimate` units, "calls the model", and
     settles what it used (`used`, or at random at or below the estimate with `spread`)."""
@@ -41,6 +42,8 @@ def calls(
             spent = random.Random(f"{ctx.job_id}:{n}").randint(1, estimate)
         ctx.settle(grant, spent)
         _note(marker, f"settled {n}")
+        if hold_after:
+            time.sleep(hold_after)  # killed here: a settlement that gives back, not written yet
         done.append({"units": grant.units, "at": grant.granted_at.isoformat(), "used": spent})
     return done
 
@@ -69,6 +72,7 @@ async def acalls(
     spread: bool = False,
     marker: str | None = None,
     hold: float = 0.0,
+    hold_after: float = 0.0,
 ) -> list[dict[str, Any]]:
     """`budgets.calls` in an async handler: each simulated model call awaits its grant, its
     call (an async step) and its settlement."""
@@ -86,5 +90,7 @@ async def acalls(
         await ctx.step("call", asyncio.sleep, 0.001)
         await ctx.settle(grant, spent)
         _note(marker, f"settled {n}")
+        if hold_after:
+            await asyncio.sleep(hold_after)  # killed here: a give-back not written yet
         done.append({"units": grant.units, "at": grant.granted_at.isoformat(), "used": spent})
     return done
