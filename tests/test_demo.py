@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import django
 import pytest
+
+from tests.browser_support import log_in, watch_problems
+from tests.test_admin_browser import browser, shots  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"
@@ -148,9 +156,16 @@ def test_the_demo_admin_login_needs_debug(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 @example_project
-def test_make_demo_tells_its_story_end_to_end(tmp_path: Path) -> None:
-    """The demo's own venv (built by `make demo-venv` if needed) runs the whole story."""
+def test_make_demo_tells_its_story_end_to_end(
+    tmp_path: Path,
+    browser: Any,  # noqa: F811
+    shots: Path,  # noqa: F811
+) -> None:
+    """The demo's own venv (built by `make demo-venv` if needed) runs the whole story; then
+    the example site shows what it left, in a real browser, which takes the docs' pictures
+    (JOBQUEUE_ADMIN_SCREENSHOTS=docs/content/img/admin refreshes them)."""
     subprocess.run(["make", "--no-print-directory", "demo-venv"], cwd=ROOT, check=True)
     python = str(ROOT / ".venv-demo" / "bin" / "python")
     db, svg, log = tmp_path / "db.sqlite3", tmp_path / "workflow.svg", tmp_path / "worker.log"
@@ -172,3 +187,58 @@ def test_make_demo_tells_its_story_end_to_end(tmp_path: Path) -> None:
 
     again = _manage(python, db, "shop_demo", "--svg", str(svg), "--worker-log", str(log))
     assert again.returncode != 0 and "fresh database" in again.stderr
+    _tour_the_demo_site(python, db, browser, shots)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tour_the_demo_site(python: str, db: Path, chromium: Any, folder: Path) -> None:
+    """`make demo-site` after the demo: the overview, the job left waiting for its event and
+    the Limits page with the paused tenant, each without a console error, photographed."""
+    _ok(_manage(python, db, "shop_demo_admin"))
+    with sqlite3.connect(db) as connection:
+        (waiting,) = connection.execute(
+            "SELECT id FROM django_jobqueue_job WHERE type = 'shop.monthly_report' "
+            "AND state = 'waiting'"
+        ).fetchone()
+    port = _free_port()
+    environ = {**os.environ, "DATABASE_URL": f"sqlite:///{db}"}
+    environ.pop("DJANGO_SETTINGS_MODULE", None)
+    server = subprocess.Popen(
+        [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=EXAMPLE, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/admin/login/", timeout=5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "no site"
+                time.sleep(0.5)
+        page = chromium.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(120_000)
+        problems = watch_problems(page)
+        log_in(page, base, "admin", "admin")
+        page.goto(f"{base}/admin/django_jobqueue/queueoverview/")
+        page.wait_for_selector("#content-main")
+        page.screenshot(path=folder / "demo-overview.png", full_page=True)
+        page.goto(f"{base}/admin/django_jobqueue/job/{waiting}/change/")
+        text = page.inner_text("#content")
+        assert "approve-report:2026-12" in text, text[:2000]
+        page.screenshot(path=folder / "demo-job-waiting.png")
+        page.goto(f"{base}/admin/django_jobqueue/limit/")
+        text = page.inner_text("#content")
+        assert "tenant:globex" in text and "paused" in text.lower(), text[:2000]
+        page.screenshot(path=folder / "demo-limits.png", full_page=True)
+        page.close()
+        assert problems == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
