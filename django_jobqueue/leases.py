@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import F, Q
 
 from . import pausing, quarantine, registry, versions, workflows
-from .dialects import Dialect
+from .dialects import Dialect, get_dialect
 from .dialects.base import MAX_DELAY, seconds
 from .error_records import with_error
 from .models import Job, JobQuerySet
@@ -207,7 +207,7 @@ def _ready(
     ready = Job.objects.using(using).ready().in_queues(queues).filter(versions.claim_filter(types))
     if paused:
         ready = ready.exclude(queue__in=paused)
-    return ready.exclude(held.condition()) if held else ready
+    return ready.exclude(held.condition(get_dialect(using).id_set)) if held else ready
 
 
 def finish_many(

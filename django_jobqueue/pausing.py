@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q, TextField
@@ -158,9 +159,10 @@ class Held:
     def __bool__(self) -> bool:
         return bool(self.resources or self.tops)
 
-    def condition(self) -> Q:
-        """The jobs held back, as a filter (the claim excludes them)."""
-        held = Q(pk__in=self.tops) | Q(parent_id__in=self.parents) if self.tops else Q()
+    def condition(self, id_set: Callable[[Sequence[int]], Any] = list) -> Q:
+        """The jobs held back, as a filter (the claim excludes them). `id_set`: the dialect's
+        (`Dialect.id_set`), so that many parents are one parameter where the database allows."""
+        held = Q(pk__in=self.tops) | Q(parent_id__in=id_set(self.parents)) if self.tops else Q()
         for name in self.resources:
             held |= _resource_condition(name)
         return held
@@ -208,10 +210,15 @@ def _resource_condition(name: str) -> Q:
     for needle in sorted(needles):
         found |= Q(Contains(text, needle))
     held = Q(uses__isnull=False) & found
-    if name.startswith(GROUP):  # a job of no group (group_key "") is of none
-        held |= Q(group_key__startswith=prefix.removeprefix(GROUP)) & ~Q(group_key="")
-    if name.startswith(QUEUE):
-        held |= Q(queue__startswith=prefix.removeprefix(QUEUE))
+    # The derived resources "group:<name>" and "queue:<name>" the pattern matches: those of the
+    # groups or queues it names, or all of them for a pattern shorter than the prefix ("*",
+    # "gr*"), as `why()` (and so the admin) says.
+    if prefix.startswith(GROUP) or GROUP.startswith(prefix):  # no group (group_key "") is none
+        rest = prefix.removeprefix(GROUP) if prefix.startswith(GROUP) else ""
+        held |= Q(group_key__startswith=rest) & ~Q(group_key="")
+    if prefix.startswith(QUEUE) or QUEUE.startswith(prefix):
+        rest = prefix.removeprefix(QUEUE) if prefix.startswith(QUEUE) else ""
+        held |= Q(queue__startswith=rest)
     return held
 
 
@@ -224,8 +231,9 @@ def held(using: str | None = None) -> Held:
 
 
 def _parents(using: str, tops: Iterable[int]) -> tuple[int, ...]:
-    """`tops` and the unfinished jobs under them that have or may get children (containers,
-    spawners), through the parent index."""
+    """`tops` and the unfinished jobs under them that have or may get children: containers,
+    spawners, and the jobs running now (one that started before the pause may spawn or map
+    later; one that has not started is held, and spawns nothing), through the parent index."""
     found = set(tops)
     frontier = list(found)
     for _ in range(WORKFLOW_DEPTH):
@@ -234,7 +242,7 @@ def _parents(using: str, tops: Iterable[int]) -> tuple[int, ...]:
         below = (
             Job.objects.using(using)
             .filter(parent_id__in=frontier)
-            .filter(Q(is_container=True) | Q(has_children=True))
+            .filter(Q(is_container=True) | Q(has_children=True) | Q(lease_expires__isnull=False))
             .exclude(state__in=Job.TERMINAL_STATES)
             .values_list("pk", flat=True)
         )

@@ -15,6 +15,7 @@ from django_jobqueue import pausing
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.models import Job, PausedResource, PausedWorkflow, QueueState
 from tests.conftest import assert_clean_log, poll, wait_for_job
+from tests.factories import JobFactory
 from tests.workflow_support import FAST, run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -279,3 +280,51 @@ def test_with_nothing_paused_the_claim_reads_as_before():
     jobqueue.pause_resource("openai")
     held = leases._ready("default", (), types, (), pausing.held())
     assert str(held.query) != str(before.query)
+
+
+def test_a_job_running_under_a_paused_workflow_has_what_it_spawns_held():
+    """A job that started before its workflow was paused may spawn or map later: its children
+    are held as the workflow's others are (it is read as a parent while it holds a lease)."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    with jobqueue.container("box") as box:
+        running = jobqueue.enqueue("test.noop", parent=box)
+    Job.objects.filter(pk=running.pk).update(
+        state="running",
+        lease_owner="elsewhere",
+        lease_expires=timezone.now() + dt.timedelta(hours=1),
+    )
+    jobqueue.pause_workflow(box)
+    spawned = JobFactory(parent_id=running.pk)  # what ctx.spawn() writes: a ready child
+    held = pausing.held()
+    assert running.pk in held.parents
+    assert not Job.objects.filter(pk=spawned.pk).exclude(held.condition()).exists()
+    assert held.why(Job.objects.get(pk=spawned.pk)) == "its workflow is paused"
+    assert run_burst() == 0
+    assert ready_untouched(spawned)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "held_jobs"),
+    [
+        ("*", {"plain", "grouped", "tenant"}),  # every job is of a queue
+        ("q*", {"plain", "grouped", "tenant"}),
+        ("g*", {"grouped"}),  # every job of a group, not those of none
+        ("group:*", {"grouped"}),
+        ("te*", {"tenant"}),
+    ],
+)
+def test_what_a_short_pattern_holds_is_what_the_admin_says(limits, pattern, held_jobs):
+    jobs = {
+        "plain": jobqueue.enqueue("test.noop"),
+        "grouped": jobqueue.enqueue("test.noop", group="acme"),
+        "tenant": jobqueue.enqueue("test.noop", uses={"tenant:1": 1}),
+    }
+    jobqueue.pause_resource(pattern)
+    held = pausing.held()
+    claimable = set(Job.objects.exclude(held.condition()).values_list("pk", flat=True))
+    said = {name for name, job in jobs.items() if held.why(Job.objects.get(pk=job.pk))}
+    assert said == held_jobs
+    assert {name for name, job in jobs.items() if job.pk not in claimable} == held_jobs
