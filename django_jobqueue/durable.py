@@ -35,6 +35,7 @@ from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.db import DatabaseError
 
 from . import events, fanout, telemetry, validation
 from .exceptions import (
@@ -72,6 +73,7 @@ type Plan[T] = Generator[Callable[[], Any] | Work, Any, T]
 # Seconds between two writes of one job's progress: the latest value in between is kept and
 # written by the next call after that, or when the run ends.
 PROGRESS_EVERY = 1.0
+FLUSH_TRIES = 3  # transactions of deferred records tried, on lock contention
 
 
 def _record(
@@ -110,9 +112,18 @@ class Deferred(NamedTuple):
 
 
 def deferred(ctx: JobContext) -> tuple[list[Deferred], list[tuple[str, list[Any]]]]:
-    """The deferred records of `ctx` and their statements, in order, to write with others."""
+    """The deferred records of `ctx` and their statements, in order, to write with others;
+    none inside a transaction the handler opened (`atomic()`), whose fate they must not share:
+    they wait for the job's next write outside it, or the end of its run."""
+    if in_handlers_transaction(ctx):
+        return [], []
     taken = list(ctx._deferred)
     return taken, [statement for item in taken for statement in item.statements]
+
+
+def in_handlers_transaction(ctx: JobContext) -> bool:
+    """Whether the handler has a transaction of its own open (`atomic()`) on the job's database."""
+    return bool(ctx._dialect.connection.in_atomic_block)
 
 
 def check_deferred(ctx: JobContext, taken: list[Deferred], counts: list[Any]) -> None:
@@ -133,14 +144,30 @@ def deferred_written(ctx: JobContext, taken: list[Deferred]) -> None:
 
 
 def flush(ctx: JobContext) -> None:
-    """Write the deferred records of `ctx`, in a transaction of their own (or a savepoint of
-    the caller's); LeaseLost, writing nothing, if the lease is gone."""
-    if not ctx._deferred:
+    """Write the deferred records of `ctx`, in a transaction of their own; LeaseLost, writing
+    nothing, if the lease is gone. Not inside a transaction the handler opened (`deferred`).
+
+    Where the database must not take them in one transaction (`can_defer_into_grant` off:
+    MySQL's AUTO-INC and row locks of two spend upserts in one transaction deadlock with
+    another job's), each goes in its own. A transaction that fails on lock contention is
+    retried whole (it wrote nothing), a few times."""
+    taken, _ = deferred(ctx)
+    if not taken:
         return
-    taken, statements = deferred(ctx)
-    counts = ctx._dialect.write_alone(statements)
-    check_deferred(ctx, taken, counts)
-    deferred_written(ctx, taken)
+    dialect = ctx._dialect
+    groups = [taken] if dialect.can_defer_into_grant else [[item] for item in taken]
+    for group in groups:
+        statements = [statement for item in group for statement in item.statements]
+        for attempt in range(1, FLUSH_TRIES + 1):
+            try:
+                counts = dialect.write_alone(statements)
+                break
+            except DatabaseError as exc:
+                if attempt == FLUSH_TRIES or not dialect.is_transient(exc):
+                    raise
+                time.sleep(dialect.transient_backoff * attempt)
+        check_deferred(ctx, group, counts)
+        deferred_written(ctx, group)
 
 
 # -- running a plan ------------------------------------------------------------------------------

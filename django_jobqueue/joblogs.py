@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from .conf import JobQueueSettings, level_number
+from .exceptions import JobTimeout
 from .models import JobLogLine
 
 if TYPE_CHECKING:
@@ -86,13 +87,16 @@ class Lines:
         self.lock = threading.Lock()
 
     def add(self, level: int, msg: Any, args: Any, exc_info: Any) -> None:
-        """Keep a line (or count it as dropped past the cap); never raises."""
+        """Keep a line (or count it as dropped past the cap); never raises, but the handler's
+        JobTimeout, which may arrive while it runs."""
         if self.closed or self.kept >= self.limits.max_lines:  # nothing to format
             with self.lock:
                 self.dropped += not self.closed
             return
         try:
             text = _message(msg, args, exc_info, self.limits.max_line_length)
+        except JobTimeout:  # the handler's time-out, raised in its thread: never swallowed
+            raise
         except Exception:  # a line that cannot be made is not worth failing a job for
             text = "(the line could not be formatted)"
         with self.lock:
@@ -131,6 +135,8 @@ class Lines:
                 # not break it.
                 with transaction.atomic(using=self.using):
                     JobLogLine.objects.using(self.using).bulk_create(rows)
+        except JobTimeout:  # the handler's time-out, raised in its thread: never swallowed
+            raise
         except Exception:
             logger.warning(
                 "Could not store %s log line(s) of job id=%s attempt=%s",
@@ -223,9 +229,10 @@ def _message(msg: Any, args: Any, exc_info: Any, limit: int) -> str:
             exc_info = sys.exc_info()
         if exc_info[0] is not None:
             text = f"{text}\n{''.join(traceback.format_exception(*exc_info)).rstrip()}"
+    text = _storable(text)  # escaped first: the cut is of what is stored
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return _storable(text)
+    return text
 
 
 def _storable(text: str) -> str:

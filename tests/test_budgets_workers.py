@@ -141,3 +141,17 @@ def test_a_job_without_room_holds_no_lease_while_others_run(start_worker):
     assert (waiting.lease_owner, waiting.attempts) == (None, 0)
     assert waiting.run_after > dt.datetime.now(dt.UTC) + dt.timedelta(hours=23)
     assert worker.stop() == 0
+
+
+def test_a_give_back_is_never_written_inside_the_handlers_own_transaction(start_worker):
+    """A settlement deferred to the job's next write is not written by a step inside the
+    handler's atomic() block: that block rolls back, and the settlement with it would be lost
+    (the job ends done and is never replayed). It is written outside, at the run's end."""
+    job = jobqueue.enqueue("budgets.settle_then_rolled_back_step")
+    start_worker(*FLEET, env=ENV)
+    done = wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD, timeout=60)
+    assert done.state == Job.State.DONE, done.last_error
+    records = list(JobStep.objects.filter(job_id=job.pk).values_list("name", "result"))
+    settled = [result for name, result in records if name == "@settle"]
+    assert len(settled) == 1, records
+    assert not [name for name, _ in records if name == "save"]  # rolled back with its block

@@ -94,3 +94,20 @@ async def acalls(
             await asyncio.sleep(hold_after)  # killed here: a give-back not written yet
         done.append({"units": grant.units, "at": grant.granted_at.isoformat(), "used": spent})
     return done
+
+
+@jobqueue.handler("budgets.settle_then_rolled_back_step", takes_context=True)
+def settle_then_rolled_back_step(ctx: jobqueue.JobContext) -> str:
+    """A give-back settled, then a step inside the handler's own transaction, which it rolls
+    back and carries on: the settlement must not share that transaction's fate."""
+    from django.db import transaction
+
+    grant = ctx.acquire("daily:atomic", 10)
+    ctx.settle(grant, 4)  # gives 6 back: written with the job's next write
+    try:
+        with transaction.atomic():
+            ctx.step("save", lambda: "saved")
+            raise RuntimeError("the handler's transaction rolls back")
+    except RuntimeError:
+        pass
+    return "carried on"
