@@ -274,7 +274,9 @@ def keys_of(name: str) -> list[str]:
     )
 
 
-def walk_slots(clock_file: Path, want: dict[str, list[str]], after: dt.datetime | None = None) -> None:
+def walk_slots(
+    clock_file: Path, want: dict[str, list[str]], after: dt.datetime | None = None
+) -> None:
     """Stand the shared clock one second after each wanted slot (later than `after`) in turn,
     and wait until every schedule has exactly its slots up to there.
 
