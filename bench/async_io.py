@@ -124,9 +124,10 @@ def step_cpu(count: int = 500, rounds: int = 6) -> dict[str, float]:
     import asyncio
 
     import django_jobqueue as jobqueue
-    from django_jobqueue import conf, leases
-    from django_jobqueue.context import AsyncJobContext, JobContext
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.context import AsyncJobContext, JobContext
     from django_jobqueue.worker.sync_calls import SyncCallThreads
 
     harness.reset()

@@ -99,7 +99,7 @@ def claim_buffers() -> dict[str, Any]:
 
     from django_jobqueue import registry
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.leases import _ready
+    from django_jobqueue.engine.leases import _ready
 
     dialect = get_dialect("default")
     ready = _ready("default", ("default",), registry.allowlist(), ())

@@ -38,9 +38,10 @@ def round_(calls: int) -> tuple[float, float]:
     from django.test import override_settings
 
     import django_jobqueue as jobqueue
-    from django_jobqueue import conf, leases
-    from django_jobqueue.context import JobContext
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.context import JobContext
     from django_jobqueue.models import Job
 
     harness.reset()

@@ -72,9 +72,10 @@ def claim_cost(ready: int = CLAIMS * BATCH) -> dict[str, float]:
     from django.db import transaction
 
     import django_jobqueue as jobqueue
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
 
     with transaction.atomic():
         jobqueue.enqueue_many([("bench.noop", {})] * ready)

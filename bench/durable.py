@@ -87,9 +87,10 @@ def recovery() -> float:
 def step_cost(count: int = 500) -> dict[str, float]:
     """Median seconds of one no-op step, and of one enqueue()."""
     import django_jobqueue as jobqueue
-    from django_jobqueue import conf, leases
-    from django_jobqueue.context import JobContext
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.context import JobContext
 
     harness.reset()
     dialect = get_dialect("default")

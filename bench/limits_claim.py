@@ -73,9 +73,10 @@ def make_limit_rows(tenants: int) -> None:
 def timed_claims() -> dict[str, float]:
     from django.db.models.functions import Now
 
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
     from django_jobqueue.models import Job
 
     dialect = get_dialect("default")
@@ -115,9 +116,10 @@ def interleaved(tenants: int, *, grouped: bool = False) -> dict[str, float]:
     from django.test import override_settings
 
     import django_jobqueue as jobqueue
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()

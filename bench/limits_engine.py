@@ -76,9 +76,10 @@ def round_(tenants: int) -> dict[str, float]:
     from django.db.models.functions import Now
     from django.test import override_settings
 
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()

@@ -94,9 +94,10 @@ def enqueue_costs() -> dict[str, float]:
 
 def timed_claims(queues: list[str]) -> float:
     """The median ms of CLAIMS claims of BATCH jobs of `queues`."""
-    from django_jobqueue import conf, leases
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
 
     dialect = get_dialect("default")
     dialect.bound_waits(5.0, 30.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from . import lazy
+from .engine import lazy
 from .exceptions import (
     Fail,
     HandlerRegistrationError,
@@ -28,12 +28,12 @@ from .exceptions import (
 from .registry import handler
 
 if TYPE_CHECKING:
-    from .budgets import Grant
     from .containers import container
-    from .context import AsyncJobContext, JobContext
-    from .control import cancel, retry, run_now
-    from .enqueuing import aenqueue, enqueue
-    from .events import asend_event, send_event
+    from .engine.budgets import Grant
+    from .engine.context import AsyncJobContext, JobContext
+    from .engine.control import cancel, retry, run_now
+    from .engine.enqueuing import aenqueue, enqueue
+    from .engine.events import asend_event, send_event
     from .graphs import Graph, enqueue_many, graph
     from .inbox import record_effect
     from .pausing import pause_resource, pause_workflow, resume_resource, resume_workflow
@@ -97,7 +97,7 @@ _LAZY = {
     "retry": "control",
     "run_now": "control",
     "Graph": "graphs",
-    "Grant": "budgets",
+    "Grant": "engine.budgets",
     "enqueue_many": "graphs",
     "graph": "graphs",
     "record_effect": "inbox",

@@ -35,7 +35,7 @@ except ImportError:  # Django < 6.0
     HAS_TASKS = False
 
 if TYPE_CHECKING:
-    from .context import AsyncJobContext, JobContext
+    from .engine.context import AsyncJobContext, JobContext
     from .models import Job
 
 TASK_KEY_PREFIX = "task"
@@ -347,7 +347,7 @@ if HAS_TASKS:
             when the queue lives on another database alias it is written there at once, in its
             own transaction, so that the TaskResult has its id.
             """
-            from .enqueuing import enqueue_direct
+            from .engine.enqueuing import enqueue_direct
 
             self.validate_task(task)
             run_after = task.run_after  # a timedelta counts from now on the database clock
@@ -547,7 +547,7 @@ if HAS_TASKS:
             on a loop of its own through `async_to_sync`, as Django's `Task.call` runs it,
             its database calls back in this thread)."""
             if iscoroutinefunction(self.func):
-                from .context import AsyncJobContext
+                from .engine.context import AsyncJobContext
 
                 return AsyncDurableTaskContext(task_result=result, job=AsyncJobContext._of(ctx))
             return DurableTaskContext(task_result=result, job=ctx)

@@ -18,11 +18,12 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, QuerySet
 
-from . import conf, workflows
-from .control import _pk, cancel
+from . import conf
 from .dialects import Dialect, get_dialect
 from .dialects.base import seconds
-from .enqueuing import create_container
+from .engine import workflows
+from .engine.control import _pk, cancel
+from .engine.enqueuing import create_container
 from .exceptions import ContainerNotSealed, InvalidJobError
 from .models import Job
 from .models.functions import DbNow

@@ -12,9 +12,10 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf, registry, sequences, signals, validation, wake, workflows
+from . import conf, registry, signals, validation
 from .dialects import get_dialect
-from .enqueuing import (
+from .engine import sequences, wake, workflows
+from .engine.enqueuing import (
     CANCEL_FIELDS,
     JobRef,
     _build,

@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 
 from . import conf, schedules
 from .dialects import Dialect, get_dialect
-from .enqueuing import enqueue
+from .engine.enqueuing import enqueue
 from .exceptions import ScheduleError
 from .models import Job, ScheduleDefinition, ScheduleState
 from .schedules import Schedule

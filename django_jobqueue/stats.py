@@ -16,9 +16,10 @@ from typing import Any
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from . import containers, registry, sequences, versions
+from . import containers, registry, versions
 from .dialects import Dialect
 from .dialects.base import seconds
+from .engine import sequences
 from .models import Job, JobSequence, Limit, Worker
 
 DEFAULT_MINUTES = 5  # throughput window

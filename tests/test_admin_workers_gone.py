@@ -9,8 +9,8 @@ from django.test import Client
 
 import django_jobqueue as jobqueue
 from django_jobqueue import conf
-from django_jobqueue.control import owner_alive
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine.control import owner_alive
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.worker.reclaimer import any_reclaimable
 from tests.admin_support import url

@@ -198,9 +198,9 @@ def test_a_grant_or_settlement_of_a_lost_lease_writes_nothing(first):
     and the window's rows are written together, fenced by the lease, or not at all."""
     from django.db import connection
 
-    from django_jobqueue import durable, leases
-    from django_jobqueue.context import JobContext
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import durable, leases
+    from django_jobqueue.engine.context import JobContext
     from django_jobqueue.exceptions import LeaseLost
 
     job = jobqueue.enqueue("test.noop")
@@ -233,9 +233,9 @@ def test_a_give_back_is_written_with_the_jobs_next_round_trip():
     once it is written. A charge (above the grant) is written at once."""
     from django.db import connection
 
-    from django_jobqueue import durable, leases
-    from django_jobqueue.context import JobContext
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import durable, leases
+    from django_jobqueue.engine.context import JobContext
     from django_jobqueue.exceptions import Suspend
 
     seen = []
@@ -285,9 +285,9 @@ def test_on_postgresql_a_grant_and_the_settlement_before_it_are_one_query():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobqueue import leases
-    from django_jobqueue.context import JobContext
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.context import JobContext
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's round trips")

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 from django.db import Error as DatabaseErrors
 
-from django_jobqueue import leases, pausing
+from django_jobqueue import pausing
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import Dialect
+from django_jobqueue.engine import leases
+from django_jobqueue.engine.workflows import promote_due
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.models.functions import DbNow
 from django_jobqueue.worker.reclaimer import reclaim_expired
-from django_jobqueue.workflows import promote_due
 from tests.conftest import in_new_thread
 from tests.factories import JobDependencyFactory, JobFactory
 
@@ -505,7 +506,7 @@ def test_a_promotion_wakes_the_workers_of_its_queues_here_and_elsewhere(dialect,
     itself), the workers of every other process; a promotion of nothing tells no one."""
     from django.db import connections
 
-    from django_jobqueue import wake
+    from django_jobqueue.engine import wake
 
     woken: list[str] = []
     monkeypatch.setattr(wake, "notify", lambda using, queue: woken.append(queue))

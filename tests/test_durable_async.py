@@ -42,7 +42,7 @@ def records(job: Job) -> list[tuple[str, int, object]]:
 
 
 def test_an_async_context_is_a_job_context():
-    from django_jobqueue.context import AsyncJobContext
+    from django_jobqueue.engine.context import AsyncJobContext
 
     assert issubclass(AsyncJobContext, jobqueue.JobContext)
     assert jobqueue.AsyncJobContext is AsyncJobContext
@@ -103,8 +103,8 @@ def test_sync_and_async_handlers_write_the_same_records_and_resume_each_other(ma
 def test_a_plain_functions_write_and_its_steps_record_commit_together(marker):
     """The write of a step's plain function and the step's record are in one transaction:
     rolled back together when the record cannot be written (its lease is gone)."""
-    from django_jobqueue.context import AsyncJobContext
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine.context import AsyncJobContext
     from django_jobqueue.exceptions import LeaseLost
 
     job = jobqueue.enqueue("test.noop")
@@ -125,8 +125,8 @@ def test_the_records_of_steps_taken_at_once_are_written_together_each_fenced(mon
     (the batch is written again record by record), and the others are recorded."""
     import asyncio
 
-    from django_jobqueue import durable, leases
-    from django_jobqueue.context import AsyncJobContext
+    from django_jobqueue.engine import durable, leases
+    from django_jobqueue.engine.context import AsyncJobContext
     from django_jobqueue.exceptions import LeaseLost
     from django_jobqueue.testing.runner import testing_dialect
 

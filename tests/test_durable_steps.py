@@ -89,7 +89,7 @@ def test_a_step_result_that_cannot_be_stored_kills_the_job():
 
 @pytest.mark.parametrize("name", ["", "@mine", "x" * 201, "tab\there"])
 def test_bad_step_names_are_refused(name):
-    from django_jobqueue import durable
+    from django_jobqueue.engine import durable
 
     with pytest.raises(InvalidJobError):
         durable.run(durable.step_plan(None, name, print, (), {}))  # type: ignore[arg-type]
@@ -316,9 +316,9 @@ def test_a_worker_reads_the_claimed_jobs_records_in_one_query(monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobqueue import durable, leases, replay
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.dialects.base import read_json
+    from django_jobqueue.engine import durable, leases, replay
 
     one, two, plain = (jobqueue.enqueue("test.noop") for _ in range(3))
     Job.objects.filter(pk__in=[one.pk, two.pk]).update(has_steps=True)
@@ -365,8 +365,8 @@ def test_the_records_of_a_large_claim_are_read_in_one_query_each_time():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobqueue import durable, leases
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import durable, leases
 
     jobs = [jobqueue.enqueue("test.noop") for _ in range(70)]
     Job.objects.update(has_steps=True)
@@ -396,9 +396,10 @@ def test_a_step_whose_lease_is_gone_records_nothing_and_its_writes_roll_back(los
     function wrote goes with it."""
     from django.db import connection
 
-    from django_jobqueue import conf, leases
-    from django_jobqueue.context import JobContext
+    from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.context import JobContext
     from django_jobqueue.exceptions import LeaseLost
 
     job = jobqueue.enqueue("test.noop")
@@ -432,8 +433,8 @@ def test_a_batch_of_sleeps_is_suspended_and_what_cannot_be_is_told_apart():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobqueue import leases, suspensions
     from django_jobqueue.dialects import get_dialect
+    from django_jobqueue.engine import leases, suspensions
     from django_jobqueue.exceptions import Suspend
 
     jobs = [jobqueue.enqueue("test.noop") for _ in range(5)]

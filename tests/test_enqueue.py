@@ -20,8 +20,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import wake
-from django_jobqueue.enqueuing import _open_transaction_elsewhere
+from django_jobqueue.engine import wake
+from django_jobqueue.engine.enqueuing import _open_transaction_elsewhere
 from django_jobqueue.models import Job, JobDependency
 from tests.extra_databases import sqlite_alias
 from tests.factories import JobFactory
@@ -82,7 +82,7 @@ def test_public_api() -> None:
     assert jobqueue.JobContext is not None
     with pytest.raises(AttributeError):
         jobqueue.no_such_name  # noqa: B018
-    from django_jobqueue.enqueuing import enqueue
+    from django_jobqueue.engine.enqueuing import enqueue
 
     assert jobqueue.enqueue is enqueue
     assert jobqueue.__version__
@@ -621,7 +621,7 @@ def test_a_bulk_enqueue_larger_than_a_statement_may_be_goes_in_parts(monkeypatch
 @pytest.mark.django_db
 def test_the_bulk_insert_sends_once_only_values_equal_and_of_one_type() -> None:
     from django_jobqueue.dialects import get_dialect
-    from django_jobqueue.enqueuing import new_job
+    from django_jobqueue.engine.enqueuing import new_job
 
     jobs = [new_job(type="test.noop", args={}, priority=p) for p in (1, 1, 1)]
     jobs[2].priority = True  # equal to 1, of another type: it must travel per job

@@ -319,7 +319,7 @@ def test_the_claim_reads_only_the_ready_index(busy_table: None) -> None:
     """The claim the dispatcher runs (one UPDATE ... RETURNING on PostgreSQL and SQLite, a
     locking SELECT then an UPDATE by ids on MySQL) reads the ready index, in its order: the
     finished and scheduled rows cost it nothing."""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     dialect = get_dialect("default")
     statements = statements_of(
@@ -334,8 +334,8 @@ def test_the_claim_reads_only_the_ready_index(busy_table: None) -> None:
 
 
 def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
+    from django_jobqueue.engine.workflows import promote_due
     from django_jobqueue.worker.promoter import seconds_until_due
-    from django_jobqueue.workflows import promote_due
 
     dialect = get_dialect("default")
     Job.objects.filter(
@@ -359,7 +359,7 @@ def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
 def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
     """With several groups, each group's best ready jobs come from the group index."""
     from django_jobqueue import conf
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine.fairshare import FairShare
 
     fair_share = FairShare(conf.get())
     per_group = group_reads(fair_share)
@@ -370,7 +370,7 @@ def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
 def group_reads(fair_share: Any, group: str = "") -> list[str]:
     """The statements of a fair-share claim of 8 that read the ready jobs of one group
     (`group`, or any): not the demand view, a GROUP BY."""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     dialect = get_dialect("default")
     statements = statements_of(
@@ -408,7 +408,7 @@ def test_a_group_behind_another_groups_backlog_is_read_from_the_group_index(limi
     from django.test import override_settings
 
     from django_jobqueue import conf
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue.engine.fairshare import FairShare
 
     settings = {"LIMITS": {"tenant:*": {"concurrency": 1}}} if limits else {"GROUP_LIMITS": {}}
     uses = (lambda n: {f"tenant:{n}": 1}) if limits else (lambda n: None)
@@ -437,8 +437,9 @@ def test_a_queue_behind_another_queues_backlog_is_read_from_the_queue_index_unde
     MariaDB the group's read names its indexes: the queue's must stay among them)."""
     from django.test import override_settings
 
-    from django_jobqueue import conf, leases
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue import conf
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
 
     Job.objects.bulk_create(
         (Job(type="test.noop", state=Job.State.READY, queue="a", uses={f"tenant:{n}": 1})
@@ -475,7 +476,7 @@ def test_a_queue_behind_another_queues_backlog_is_read_from_the_queue_index() ->
     through the ready index it read every other queue's ready jobs ahead of its own at each
     claim (4.9 ms instead of 1.2 ms behind 20,000 jobs on PostgreSQL, 30.5 against 3.6 on
     MariaDB)."""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     Job.objects.bulk_create(
         (Job(type="test.noop", state=Job.State.READY, queue="a") for n in range(BACKLOG)),
@@ -505,7 +506,7 @@ def test_several_queues_behind_another_queues_backlog_are_read_from_their_indexe
     and merges them: through the ready index it read every other queue's ready jobs ahead
     of its own (4.3-4.7 ms instead of 1.4 behind 20,000 jobs on PostgreSQL, 28 against 3.7
     on MariaDB). The merge keeps the claim order across the queues."""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     Job.objects.bulk_create(
         (Job(type="test.noop", state=Job.State.READY, queue="a") for n in range(BACKLOG)),
@@ -540,8 +541,9 @@ def test_several_queues_behind_another_queues_backlog_are_read_from_their_indexe
 def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_table: None) -> None:
     """Without limits, the claim asks only whether a second group has ready work: two reads
     of the group index, each stopping at its first row, never a read of every ready row."""
-    from django_jobqueue import conf, leases
-    from django_jobqueue.fairshare import FairShare
+    from django_jobqueue import conf
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.fairshare import FairShare
 
     fair_share = FairShare(conf.get())
     assert not fair_share.has_limits
@@ -654,7 +656,7 @@ def full_scans(sql: str) -> tuple[bool, str]:
 
 
 def claimed_leases(dialect: Any, limit: int = 20) -> list[Any]:
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     jobs = leases.claim(dialect, owner="explain", queues=[], limit=limit, lease_ttl=30)
     assert len(jobs) == limit
@@ -662,7 +664,7 @@ def claimed_leases(dialect: Any, limit: int = 20) -> list[Any]:
 
 
 def test_the_claim_plan_holds_whatever_the_statistics(statistics: str) -> None:
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     dialect = get_dialect("default")
     statements = statements_of(
@@ -677,7 +679,7 @@ def test_the_claim_plan_holds_whatever_the_statistics(statistics: str) -> None:
 def test_the_finish_plan_holds_whatever_the_statistics(statistics: str) -> None:
     """The batched finish finds its rows by primary key: never a read of every row that has
     no parent or no dependents (the whole table, in a queue without workflows)."""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     dialect = get_dialect("default")
     held = claimed_leases(dialect)
@@ -695,8 +697,8 @@ def test_a_batch_of_sleeps_finds_its_rows_by_primary_key(queue_table: None) -> N
     """A batch of durable sleeps reads its rows by primary key: a suspension's cost never
     grows with the table. (Joined to the batch's JSON, of which the planner knows nothing,
     the lease filter alone once made PostgreSQL read the whole table of a few thousand rows.)"""
+    from django_jobqueue.engine.suspensions import suspend_many
     from django_jobqueue.exceptions import Suspend
-    from django_jobqueue.suspensions import suspend_many
 
     dialect = get_dialect("default")
     held = claimed_leases(dialect)
@@ -720,10 +722,10 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
     table. (PostgreSQL joined the rows a claim had locked to the table it marks them in by a
     hash join over a read of the whole table, once a batch came to about a hundredth of the
     table: each claim of a drain of 10,000 jobs read all of them.)"""
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
+    from django_jobqueue.engine.suspensions import suspend_many
+    from django_jobqueue.engine.workflows import promote_due
     from django_jobqueue.exceptions import Suspend
-    from django_jobqueue.suspensions import suspend_many
-    from django_jobqueue.workflows import promote_due
 
     dialect = get_dialect("default")
     Job.objects.bulk_create(Job(type="test.noop", state=Job.State.READY) for _ in range(300))
@@ -761,7 +763,7 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
 
 
 def test_the_renewal_plan_holds_whatever_the_statistics(statistics: str) -> None:
-    from django_jobqueue import leases
+    from django_jobqueue.engine import leases
 
     dialect = get_dialect("default")
     held = claimed_leases(dialect)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import django_jobqueue as jobqueue
+from django_jobqueue.engine.fanout import check_count
 from django_jobqueue.exceptions import InvalidJobError
-from django_jobqueue.fanout import check_count
 from django_jobqueue.models import Job, JobDependency, JobStep, JobWait
 from django_jobqueue.testing import run_jobs
 

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection, connections, transaction
 
 import django_jobqueue as jobqueue
-from django_jobqueue import leases
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import leases
 from django_jobqueue.models import Job
 from tests.extra_databases import second_connection
 

@@ -14,7 +14,8 @@ from django.core.management import call_command
 from django.test import Client
 
 import django_jobqueue as jobqueue
-from django_jobqueue import conf, joblogs
+from django_jobqueue import conf
+from django_jobqueue.engine import joblogs
 from django_jobqueue.models import Job, JobLogLine
 from django_jobqueue.testing import run_jobs
 

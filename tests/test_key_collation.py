@@ -13,8 +13,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_jobqueue import enqueue, inbox, leases, pausing
+from django_jobqueue import enqueue, inbox, pausing
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import leases
 from django_jobqueue.models import Effect, Job, Limit, ScheduleDefinition, ScheduleState, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,8 +8,8 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from django_jobqueue import leases
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import leases
 from django_jobqueue.models import Job
 from django_jobqueue.worker.heartbeat import renew_leases
 

@@ -13,11 +13,12 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import conf, leases
-from django_jobqueue.attempts import InFlight, Outcome, failure_plan
+from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import seconds
-from django_jobqueue.fairshare import FairShare
+from django_jobqueue.engine import leases
+from django_jobqueue.engine.attempts import InFlight, Outcome, failure_plan
+from django_jobqueue.engine.fairshare import FairShare
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.worker.heartbeat import renew_leases
 from django_jobqueue.worker.reclaimer import reclaim_expired
@@ -233,7 +234,7 @@ def test_reclaim_ignores_live_leases_and_kills_exhausted_jobs(dialect):
 def test_a_reclaimed_job_is_due_at_once_without_a_retry_backoff(dialect, settings):
     """Its worker died, which was not the job's fault: the attempt is charged, but the job is
     due at once, whatever RETRY_BACKOFF says, and the promoter makes it ready."""
-    from django_jobqueue.workflows import promote_due
+    from django_jobqueue.engine.workflows import promote_due
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "RETRY_BACKOFF": 60, "RETRY_BACKOFF_MAX": 60}
     job = jobqueue.enqueue("test.noop")
@@ -263,7 +264,7 @@ def test_failed_attempt_is_retried_after_a_backoff_by_the_database_clock(dialect
     flight = InFlight(job=claimed, lease=lease, claimed=0.0)
     settings = jobqueue_conf(retry_backoff=10.0, retry_backoff_max=100.0)
     outcome = Outcome(flight, error=RuntimeError("nope"))
-    from django_jobqueue.error_records import error_info
+    from django_jobqueue.engine.error_records import error_info
 
     plan = failure_plan(outcome, settings)
     assert leases.fail(dialect, lease, error_info(outcome.error, 1), **plan) == "scheduled"
@@ -484,8 +485,8 @@ def test_finish_and_fail_skip_a_row_another_transaction_holds_locked(dialect):
 
 
 def test_due_scheduled_jobs_are_promoted_and_future_ones_wait(dialect):
+    from django_jobqueue.engine.workflows import promote_due
     from django_jobqueue.worker.promoter import seconds_until_due
-    from django_jobqueue.workflows import promote_due
 
     soon = jobqueue.enqueue("test.noop", run_after=dt.timedelta(seconds=30))
     later = jobqueue.enqueue("test.noop", run_after=dt.timedelta(hours=1))
@@ -521,7 +522,7 @@ def test_stale_worker_rows_are_judged_by_their_own_lease_ttl(dialect):
 def test_gone_worker_rows_are_kept_an_hour_then_deleted(dialect):
     """A gone row stays for the Workers page for GONE_KEPT seconds; the sweep then deletes it,
     and no reader of liveness counts it meanwhile."""
-    from django_jobqueue.control import owner_alive
+    from django_jobqueue.engine.control import owner_alive
     from django_jobqueue.worker.reclaimer import GONE_KEPT, sweep_workers
 
     now = timezone.now()

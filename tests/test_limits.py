@@ -16,11 +16,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import attempts, conf, leases, outcomes
+from django_jobqueue import conf
 from django_jobqueue.backends import HAS_TASKS
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import attempts, leases, outcomes
+from django_jobqueue.engine.fairshare import FairShare
 from django_jobqueue.exceptions import InvalidJobError
-from django_jobqueue.fairshare import FairShare
 from django_jobqueue.models import Job, Limit
 from django_jobqueue.testing import run_jobs
 
@@ -415,7 +416,7 @@ def test_fair_share_splits_the_free_slots_among_the_groups_whose_jobs_can_start(
     start: a heavier group whose jobs all wait for their tenant (at its cap) does not take the
     slots of every claim, starting nothing (the first claim finds it out; the next ones give
     its share to the others)."""
-    from django_jobqueue import fairshare
+    from django_jobqueue.engine import fairshare
 
     monkeypatch.setattr(fairshare, "HELD_BACK_FOR", 60.0)  # however slowly the claims go
     busy = work(uses={"tenant:9": 1}, group="c")

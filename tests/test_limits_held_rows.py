@@ -12,9 +12,10 @@ import pytest
 from django.db import transaction
 
 import django_jobqueue as jobqueue
-from django_jobqueue import conf, leases
+from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.fairshare import FairShare
+from django_jobqueue.engine import leases
+from django_jobqueue.engine.fairshare import FairShare
 from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll
 from tests.lock_support import holding, skip_locks_only

@@ -15,10 +15,11 @@ import pytest
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import conf, leases, signals, workflows
-from django_jobqueue.attempts import InFlight, Outcome, failure_plan
+from django_jobqueue import conf, signals
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.error_records import error_info, error_record
+from django_jobqueue.engine import leases, workflows
+from django_jobqueue.engine.attempts import InFlight, Outcome, failure_plan
+from django_jobqueue.engine.error_records import error_info, error_record
 from django_jobqueue.models import Job
 from django_jobqueue.worker.completer import Completer
 from django_jobqueue.worker.flights import Flights

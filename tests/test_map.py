@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_jobqueue as jobqueue
+from django_jobqueue.engine.maps import check_concurrency, item_args
 from django_jobqueue.exceptions import InvalidJobError
-from django_jobqueue.maps import check_concurrency, item_args
 from django_jobqueue.models import Job, JobMap, JobStep
 from django_jobqueue.testing import RunawayJobsError, run_jobs
 

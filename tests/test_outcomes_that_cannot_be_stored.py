@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import django_jobqueue as jobqueue
-from django_jobqueue import error_records
+from django_jobqueue.engine import error_records
 from django_jobqueue.models import Job
 from tests.conftest import wait_for_job
 

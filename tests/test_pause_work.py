@@ -270,7 +270,8 @@ def test_a_pattern_matches_by_its_text_alone(limits):
 
 
 def test_with_nothing_paused_the_claim_reads_as_before():
-    from django_jobqueue import leases, registry, versions
+    from django_jobqueue import registry, versions
+    from django_jobqueue.engine import leases
 
     types = registry.served()
     before = Job.objects.ready().in_queues(()).filter(versions.claim_filter(types))

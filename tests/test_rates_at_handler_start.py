@@ -135,7 +135,7 @@ def test_a_rated_job_that_cannot_start_in_time_is_handed_back_uncharged(
     busy CPU can): the job's start was counted against its rate 0.3 s before its handler
     could start, so it goes back to `ready` without using an attempt, and runs on its next
     claim. Fix: it started late, 0.3 s after its count."""
-    from django_jobqueue import durable
+    from django_jobqueue.engine import durable
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"api": {"rate": "100/s"}}}
     job = jobqueue.enqueue("limits.work", uses={"api": 1})
@@ -219,7 +219,7 @@ def test_a_rated_job_handed_back_gives_its_unit_back_to_the_window(settings, cap
     next claim, within the hour (it waited for the window to pass before the fix)."""
     from django.db.models import Sum
 
-    from django_jobqueue import durable
+    from django_jobqueue.engine import durable
     from django_jobqueue.models import ResourceStart
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"api": {"rate": "1/h"}}}

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import override_settings
 
 import django_jobqueue as jobqueue
-from django_jobqueue import sequences
+from django_jobqueue.engine import sequences
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.models import Job, JobSequence
 from django_jobqueue.testing import run_jobs

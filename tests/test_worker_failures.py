@@ -208,7 +208,7 @@ def test_a_log_line_carries_a_bounded_one_line_message_whatever_the_exception(ca
     is one bounded line (the stored error keeps its own, longer, record)."""
     import logging
 
-    from django_jobqueue.error_records import MAX_LOG_MESSAGE
+    from django_jobqueue.engine.error_records import MAX_LOG_MESSAGE
     from django_jobqueue.testing import run_jobs
 
     job = jobqueue.enqueue("test.loud_error", {"kind": kind}, max_attempts=1)
@@ -232,7 +232,7 @@ def test_a_log_line_carries_a_bounded_one_line_message_whatever_the_exception(ca
 
 
 def test_log_text_escapes_control_characters_and_cuts():
-    from django_jobqueue.error_records import log_text
+    from django_jobqueue.engine.error_records import log_text
 
     assert log_text(RuntimeError("a\x1b[2J\r\nb\x00\u202e\ud800")) == (
         "a\\x1b[2J\\r\\nb\\x00\\u202e\\ud800"

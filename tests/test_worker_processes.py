@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 import django_jobqueue as jobqueue
-from django_jobqueue import leases
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import leases
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.worker import processes
 from django_jobqueue.worker.reclaimer import reclaim_gone_on_host

@@ -24,7 +24,7 @@ from django.utils import timezone
 import django_jobqueue as jobqueue
 from django_jobqueue import containers
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.enqueuing import create_container
+from django_jobqueue.engine.enqueuing import create_container
 from django_jobqueue.exceptions import ContainerNotSealed, InvalidJobError
 from django_jobqueue.models import Job
 from tests import admin_support as support

@@ -12,8 +12,8 @@ from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 
 import django_jobqueue as jobqueue
-from django_jobqueue import leases, workflows
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import leases, workflows
 from django_jobqueue.exceptions import InvalidDependencyError, InvalidJobError
 from django_jobqueue.models import Job, JobDependency
 from tests.testapp.models import RunRecord

@@ -22,7 +22,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
-from .. import containers, control
+from .. import containers
+from ..engine import control
 from ..exceptions import JobQueueError
 from ..models import Job
 

@@ -29,8 +29,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from .. import enqueuing, registry
-from ..context import JobContext
+from .. import registry
+from ..engine import enqueuing
+from ..engine.context import JobContext
 from ..exceptions import Fail
 from .actions import ACTION_LIMIT, OPERATIONS
 

@@ -14,8 +14,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .. import conf, control, limits, occupancy, pausing
+from .. import conf, limits, pausing
 from ..dialects import get_dialect
+from ..engine import control, occupancy
 from ..limits import window
 from ..models import Job, Limit, Worker
 from . import display, durable

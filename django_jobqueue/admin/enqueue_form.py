@@ -25,7 +25,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from .. import conf, enqueuing, registry
+from .. import conf, registry
+from ..engine import enqueuing
 from ..exceptions import InvalidArgumentsError, InvalidJobError, UnknownHandlerError
 from ..models import Job
 from . import display, filters

@@ -15,7 +15,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .. import conf, containers, control, sequences
+from .. import conf, containers
+from ..engine import control, sequences
 from ..exceptions import JobQueueError
 from ..models import Job, JobDependency, JobSequence, JobStep, Worker
 from . import (

@@ -13,8 +13,9 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from .. import conf, occupancy, pausing, validation
+from .. import conf, pausing, validation
 from ..dialects import get_dialect
+from ..engine import occupancy
 from ..exceptions import InvalidJobError
 from ..models import Job, Limit
 from . import filters, page_actions

@@ -20,7 +20,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from .. import control, events, pausing
+from .. import pausing
+from ..engine import control, events
 from ..exceptions import JobQueueError
 from ..models import Job, JobWait, PausedWorkflow
 from . import display, filters

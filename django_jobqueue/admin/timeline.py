@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from ..durable import EVENT, SLEEP, SPAWN, WAIT
+from ..engine.durable import EVENT, SLEEP, SPAWN, WAIT
 from ..models import Job, JobDependency, JobStep
 from .display import STATE_COLOURS, duration, job_url
 from .graph import changelist

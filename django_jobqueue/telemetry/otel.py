@@ -41,7 +41,7 @@ from .. import signals
 from ..exceptions import RateLimited, Suspend
 
 if TYPE_CHECKING:
-    from ..attempts import InFlight, Outcome
+    from ..engine.attempts import InFlight, Outcome
 
 SYSTEM = "django_jobqueue"  # messaging.system
 SCOPE = "django_jobqueue"  # the instrumentation scope of the tracer and the meter

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import lazy
+from ..engine import lazy
 
 if TYPE_CHECKING:
     from .assertions import (

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from .. import attempts, events, leases, outcomes, workflows
 from .. import conf as conf_module
 from ..dialects import Dialect, get_dialect
+from ..engine import attempts, events, leases, outcomes, workflows
 from ..exceptions import JobQueueError
 from ..models import Job
 from ..models.functions import DbNow

@@ -37,11 +37,12 @@ from types import FrameType
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import attempts, leases, metrics, schedules, telemetry, wake
 from .. import conf as conf_module
-from ..attempts import InFlight
+from .. import metrics, schedules, telemetry
 from ..dialects import get_dialect
-from ..fairshare import FairShare
+from ..engine import attempts, leases, wake
+from ..engine.attempts import InFlight
+from ..engine.fairshare import FairShare
 from ..validation import finite
 from . import connection_pool, naming
 from .burst import BurstCheck

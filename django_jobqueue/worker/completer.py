@@ -20,11 +20,12 @@ import queue as queue_module
 import time
 from collections.abc import Callable
 
-from .. import metrics, outcomes
-from ..attempts import Outcome
+from .. import metrics
 from ..conf import JobQueueSettings
 from ..dialects import Dialect
-from ..error_records import log_text
+from ..engine import outcomes
+from ..engine.attempts import Outcome
+from ..engine.error_records import log_text
 from ..exceptions import RateLimited, Suspend
 from . import connection_health
 from .duty import Duty

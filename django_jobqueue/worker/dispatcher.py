@@ -20,12 +20,13 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import durable, leases, metrics, quarantine, wake
-from ..attempts import InFlight, Outcome
+from .. import metrics
 from ..dialects import Dialect
-from ..error_records import log_text
+from ..engine import durable, leases, quarantine, wake
+from ..engine.attempts import InFlight, Outcome
+from ..engine.error_records import log_text
+from ..engine.fairshare import FairShare
 from ..exceptions import JobTimeout
-from ..fairshare import FairShare
 from ..limits import window
 from . import connection_health
 from .executor import Executor

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..attempts import InFlight, Outcome
+from ..engine.attempts import InFlight, Outcome
 from . import connection_health, connection_pool
 from .eventloop import EventLoop
 from .slots import Slots

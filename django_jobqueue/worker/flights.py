@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from ..attempts import InFlight
-from ..leases import Lease
+from ..engine.attempts import InFlight
+from ..engine.leases import Lease
 
 
 class Flights:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from .. import registry, telemetry, versions
 from ..dialects import Dialect
 from ..dialects.base import seconds
-from ..leases import Lease, renew_leases
+from ..engine.leases import Lease, renew_leases
 from ..models import Worker as WorkerRow
 from ..models.functions import DbNow
 from . import processes

@@ -14,12 +14,12 @@ import functools
 import logging
 from typing import Any
 
-from .. import events
 from ..dialects import Dialect, get_dialect
 from ..dialects.base import aware
+from ..engine import events
+from ..engine.workflows import promote_due
 from ..models import Job, JobWait
 from ..models.functions import DbNow
-from ..workflows import promote_due
 from .duty import Duty
 
 logger = logging.getLogger(__name__)

@@ -27,10 +27,11 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import F, QuerySet
 
-from .. import signals, telemetry, workflows
+from .. import signals, telemetry
 from ..dialects import Dialect
 from ..dialects.base import seconds
-from ..error_records import error_record, with_error
+from ..engine import workflows
+from ..engine.error_records import error_record, with_error
 from ..exceptions import LeaseExpired
 from ..models import Job, Worker
 from ..models.functions import DbNow

@@ -7,7 +7,7 @@ import time
 import django_jobqueue as jobqueue
 
 if os.environ.get("BENCH_REPLAY_CHECK") == "0":  # bench/replay_check.py's "before" workers
-    from django_jobqueue import replay
+    from django_jobqueue.engine import replay
 
     replay._CHECK_PLACES = False
 

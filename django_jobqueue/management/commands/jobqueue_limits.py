@@ -8,8 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobqueue import conf, occupancy, validation
+from django_jobqueue import conf, validation
 from django_jobqueue.dialects import get_dialect
+from django_jobqueue.engine import occupancy
 from django_jobqueue.exceptions import InvalidJobError
 
 

@@ -16,8 +16,8 @@ from django_jobqueue import conf
 from django_jobqueue.conf import MAX_INTERVAL
 from django_jobqueue.exceptions import InvalidJobError, UnsupportedDatabaseError
 from django_jobqueue.validation import check_label, finite, name_problem
-from django_jobqueue.watchdog import Guard
 from django_jobqueue.worker import JobWorker, WorkerOptions
+from django_jobqueue.worker.watchdog import Guard
 
 
 def _positive(kind: type, maximum: float | None = None) -> Any:

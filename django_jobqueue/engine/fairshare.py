@@ -25,17 +25,18 @@ from django.db import connections
 from django.db.models import Count, Max
 from django.utils.module_loading import import_string
 
-from . import pausing, quarantine
-from .dialects.base import read_json
+from .. import pausing
+from ..dialects.base import read_json
+from ..limits import group_resource
+from ..limits.resources import Resources
+from ..models import READY_GROUP_INDEX, READY_QUEUE_INDEX, JobQuerySet, Limit
+from . import quarantine
 from .fairplan import Demand, GroupDemand, plan
-from .limits import group_resource
-from .limits.resources import Resources
-from .models import READY_GROUP_INDEX, READY_QUEUE_INDEX, JobQuerySet, Limit
 
 if TYPE_CHECKING:
-    from .conf import JobQueueSettings
-    from .dialects import Dialect
-    from .records import ClaimedJob
+    from ..conf import JobQueueSettings
+    from ..dialects import Dialect
+    from ..records import ClaimedJob
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.scheduling")

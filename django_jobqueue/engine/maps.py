@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import conf, registry, signals, validation, workflows
+from .. import conf, registry, signals, validation
+from ..exceptions import InvalidJobError, Suspend, UpstreamFailed
+from ..models import Job, JobMap, JobStep
+from ..options import JobOptions
+from . import workflows
 from .durable import MISSING, Plan, _next, fence, write
 from .enqueuing import _build, cached_in_force, job_from
-from .exceptions import InvalidJobError, Suspend, UpstreamFailed
 from .map_children import children, recount
-from .models import Job, JobMap, JobStep
-from .options import JobOptions
 from .replay import MAP
 
 if TYPE_CHECKING:

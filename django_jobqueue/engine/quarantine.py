@@ -18,15 +18,15 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 
+from ..dialects import Dialect
+from ..dialects.base import read_json
+from ..exceptions import UnreadableJob
+from ..models import Job, JobQuerySet
+from ..validation import INT_MAX, name_problem
 from . import workflows
-from .dialects import Dialect
-from .dialects.base import read_json
 from .error_records import error_record, log_text
-from .exceptions import UnreadableJob
-from .models import Job, JobQuerySet
-from .validation import INT_MAX, name_problem
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobqueue.quarantine")
 
 # The ready jobs a probe reads, in claim order, besides the planned groups' own.
 PROBE_ROWS = 200

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Case, Value, When
 
-from .models import Job, JobMap
-from .models.functions import DbNow
+from ..models import Job, JobMap
+from ..models.functions import DbNow
 from .wake import notify_on_commit, promote
 
 if TYPE_CHECKING:
-    from .dialects import Dialect
+    from ..dialects import Dialect
 
 
 def children(dialect: Dialect, job_id: int, found: Mapping[str, Any]) -> Any:

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError
 
-from .dialects.base import read_json
-from .exceptions import LeaseLost, ReplayMismatch
-from .models import Job, JobStep
+from ..dialects.base import read_json
+from ..exceptions import LeaseLost, ReplayMismatch
+from ..models import Job, JobStep
 
 if TYPE_CHECKING:
+    from ..dialects import Dialect
+    from ..records import ClaimedJob
     from .context import JobContext
-    from .dialects import Dialect
     from .leases import Lease
-    from .records import ClaimedJob
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobqueue.replay")
 
 SLEEP, EVENT, SPAWN, WAIT, PATCH = "@sleep", "@event", "@spawn", "@wait", "@patch"
 MAP = "@map"

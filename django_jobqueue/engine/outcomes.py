@@ -16,12 +16,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 
-from . import joblogs, leases, signals, suspensions, telemetry
+from .. import signals, telemetry
+from ..conf import JobQueueSettings
+from ..dialects import Dialect
+from ..exceptions import RateLimited, ResultNotStored, Retry, Suspend
+from . import joblogs, leases, suspensions
 from .attempts import Outcome, about, failure_plan, log_extra, plain_failure_plan
-from .conf import JobQueueSettings
-from .dialects import Dialect
 from .error_records import error_info, error_record, log_text
-from .exceptions import RateLimited, ResultNotStored, Retry, Suspend
 
 # The loggers the docs name: what became of each attempt is told by `django_jobqueue.execution`,
 # a result the database refused by the worker's writer, `django_jobqueue.worker.completer`.

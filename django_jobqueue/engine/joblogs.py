@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .conf import JobQueueSettings, level_number
-from .exceptions import JobTimeout
-from .models import JobLogLine
+from ..conf import JobQueueSettings, level_number
+from ..exceptions import JobTimeout
+from ..models import JobLogLine
 
 if TYPE_CHECKING:
-    from .dialects import Dialect
+    from ..dialects import Dialect
 
 # The logger every job's ctx.logger logs through (with the job in `extra`).
 LOGGER_NAME = "django_jobqueue.job"
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobqueue.joblogs")
 
 # A kept line: (time.time() when logged, level, message).
 type Line = tuple[float, int, str]

@@ -14,12 +14,12 @@ from typing import Any
 
 from django.db.models import Count, Sum
 
-from . import conf, limits
-from .dialects import Dialect
-from .limits import live, window
-from .limits.live import check_name, reopen
-from .limits.resources import Resources
-from .models import Job, Limit, LimitSetting, MinuteSpend
+from .. import conf, limits
+from ..dialects import Dialect
+from ..limits import live, window
+from ..limits.live import check_name, reopen
+from ..limits.resources import Resources
+from ..models import Job, Limit, LimitSetting, MinuteSpend
 
 __all__ = ["check_name", "current", "occupancy", "reopen", "reset_limit", "set_limit"]
 

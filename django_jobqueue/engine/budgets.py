@@ -34,8 +34,14 @@ import datetime as dt
 import functools
 from typing import TYPE_CHECKING, Any
 
-from . import conf, signals, telemetry
-from .dialects.base import GrantWrite, aware
+from .. import conf, signals, telemetry
+from ..dialects.base import GrantWrite, aware
+from ..exceptions import InvalidJobError, Suspend
+from ..limits import live, window
+from ..limits.resources import make_rows
+from ..limits.spec import Spec, find
+from ..models import Job, ResourceStart
+from ..validation import INT_MAX, name_problem
 from .durable import (
     MISSING,
     Deferred,
@@ -46,12 +52,6 @@ from .durable import (
     lease_lost,
     write,
 )
-from .exceptions import InvalidJobError, Suspend
-from .limits import live, window
-from .limits.resources import make_rows
-from .limits.spec import Spec, find
-from .models import Job, ResourceStart
-from .validation import INT_MAX, name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext

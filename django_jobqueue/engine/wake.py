@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 
 if TYPE_CHECKING:
-    from .dialects import Dialect
+    from ..dialects import Dialect
 
 _event = threading.Event()
 

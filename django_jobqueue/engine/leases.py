@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
-from . import pausing, quarantine, registry, versions, workflows
-from .dialects import Dialect, get_dialect
-from .dialects.base import MAX_DELAY, seconds
+from .. import pausing, registry, versions
+from ..dialects import Dialect, get_dialect
+from ..dialects.base import MAX_DELAY, seconds
+from ..models import Job, JobQuerySet
+from ..models.functions import DbNow
+from ..records import ClaimedJob, Finished, FinishReport
+from . import quarantine, workflows
 from .error_records import with_error
-from .models import Job, JobQuerySet
-from .models.functions import DbNow
-from .records import ClaimedJob, Finished, FinishReport
 
 if TYPE_CHECKING:
     from .fairshare import FairShare
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobqueue.leases")
 
 __all__ = [
     "BUSY",

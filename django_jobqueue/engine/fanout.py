@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..exceptions import InvalidJobError
+from ..models import Job, JobDependency, JobWait
 from . import control, workflows
-from .exceptions import InvalidJobError
-from .models import Job, JobDependency, JobWait
 from .replay import fence, write
 
 if TYPE_CHECKING:

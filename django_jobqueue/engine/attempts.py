@@ -21,11 +21,10 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from . import durable, joblogs, leases, limits, registry, signals, telemetry, validation, wake
-from .conf import JobQueueSettings
-from .context import AsyncJobContext, JobContext
-from .dialects import Dialect
-from .exceptions import (
+from .. import limits, registry, signals, telemetry, validation
+from ..conf import JobQueueSettings
+from ..dialects import Dialect
+from ..exceptions import (
     Fail,
     JobTimeout,
     RateLimited,
@@ -34,8 +33,10 @@ from .exceptions import (
     Retry,
     UnknownHandlerError,
 )
-from .limits.resources import close as close_resource
-from .records import ClaimedJob
+from ..limits.resources import close as close_resource
+from ..records import ClaimedJob
+from . import durable, joblogs, leases, wake
+from .context import AsyncJobContext, JobContext
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.execution")

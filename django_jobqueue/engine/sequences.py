@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 
 from django.db.models import BigIntegerField, Case, Exists, OuterRef, Q, QuerySet, Value, When
 
+from ..dialects import Dialect
+from ..dialects.base import terminal_columns
+from ..models import Job, JobSequence
 from . import wake
-from .dialects import Dialect
-from .dialects.base import terminal_columns
-from .models import Job, JobSequence
 
 # The sequences one call of `settle` moves at most per statement of ids.
 _CHUNK = 500

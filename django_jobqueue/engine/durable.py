@@ -37,15 +37,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import DatabaseError
 
-from . import events, fanout, telemetry, validation
-from .exceptions import (
-    InvalidJobError,
-    ResultNotStored,
-    Suspend,
-    UpstreamFailed,
-    WaitTimeout,
-)
-from .models import Job, JobStep
+from .. import telemetry, validation
+from ..exceptions import InvalidJobError, ResultNotStored, Suspend, UpstreamFailed, WaitTimeout
+from ..models import Job, JobStep
+from . import events, fanout
 
 # The records a run replays, and their check (re-exported: their home before `replay`).
 from .replay import EVENT as EVENT
@@ -63,8 +58,8 @@ from .replay import preload as preload
 from .replay import write as write
 
 if TYPE_CHECKING:
+    from ..dialects import Dialect
     from .context import JobContext
-    from .dialects import Dialect
 
 # A call's plan: it yields its database parts (each a function of no argument, or a step's
 # Work) and is sent back what each returned; it returns the call's result.

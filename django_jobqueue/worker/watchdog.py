@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobqueue.watchdog")
 
 TICK = 0.1  # seconds between the ticker's writes, and between the watchdog's looks
 _TICKED, _BEAT, _DONE = range(3)  # slots of the shared array

@@ -18,14 +18,14 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.lookups import GreaterThan
 
+from ..dialects import Dialect
+from ..dialects.base import seconds
+from ..exceptions import Suspend
+from ..limits.resources import close as close_resource
+from ..models import Job, JobStep, JobWait
+from ..models.functions import DbNow
 from . import events, map_children, workflows
-from .dialects import Dialect
-from .dialects.base import seconds
-from .exceptions import Suspend
 from .leases import BUSY, Lease, fences, held_elsewhere
-from .limits.resources import close as close_resource
-from .models import Job, JobStep, JobWait
-from .models.functions import DbNow
 
 
 def suspend(dialect: Dialect, lease: Lease, how: Suspend) -> str | None:

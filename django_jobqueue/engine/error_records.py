@@ -5,8 +5,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from .exceptions import ReplayMismatch
-from .validation import printable
+from ..exceptions import ReplayMismatch
+from ..validation import printable
 
 # An error record stays far below what any database accepts in a row, however often a job
 # fails: message and traceback are cut (the traceback keeps its end, where the error is) and

@@ -17,14 +17,14 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from ..dialects import Dialect
+from ..dialects.base import terminal_columns
+from ..exceptions import UpstreamFailed
+from ..models import Job, JobDependency, JobStep, JobWait
+from ..models.functions import DbNow
+from ..records import Finished
 from . import map_children, sequences, wake
-from .dialects import Dialect
-from .dialects.base import terminal_columns
 from .error_records import error_record
-from .exceptions import UpstreamFailed
-from .models import Job, JobDependency, JobStep, JobWait
-from .models.functions import DbNow
-from .records import Finished
 
 # Making waiting jobs runnable and waking workers for them: used here and by every module that
 # moves the graph (they may import them from here, where they were first).
