@@ -14,13 +14,11 @@ from django.db import transaction
 
 from . import conf, registry, signals, validation
 from .dialects import get_dialect
-from .engine import sequences, wake, workflows
+from .engine import dag, sequences, wake, workflows
 from .engine.enqueuing import (
     CANCEL_FIELDS,
     JobRef,
     _build,
-    _check_refs,
-    _ids,
     cached_in_force,
     defaults,
     enqueue,
@@ -28,7 +26,6 @@ from .engine.enqueuing import (
     mark_dependents,
     new_container,
     runnable_state,
-    waits_for,
 )
 from .exceptions import InvalidDependencyError, InvalidJobError
 from .models import Job, JobDependency
@@ -121,10 +118,10 @@ class Graph:
     def save(self) -> list[Job]:
         """Write the graph in one transaction and return its jobs, in the order added."""
         using = self.using
-        external_up = _ids(
+        external_up = dag.job_ids(
             [r for n in self._nodes for r in n.upstream if not self._is_new(r)], using, "depends_on"
         )
-        external_parents = _ids(
+        external_parents = dag.job_ids(
             [n.parent for n in self._nodes if n.parent is not None and not self._is_new(n.parent)],
             using,
             "parent",
@@ -134,9 +131,9 @@ class Graph:
             for node in self._nodes:  # a retried attempt inserts afresh
                 node.job.pk = None
                 node.job._state.adding = True
-            states = _check_refs(using, external_up, None, lock=True)
+            states = dag.check_refs(using, external_up, None, lock=True)
             for parent_id in external_parents:
-                _check_refs(using, [], parent_id, lock=True)
+                dag.check_refs(using, [], parent_id, lock=True)
             self._check_acyclic(using, external_up, external_parents)
             heads = self._join_sequences(using)
             levels: dict[int, list[_Node]] = {}
@@ -258,7 +255,7 @@ class Graph:
             return
         wanted = set(external_up)
         for parent_id in external_parents if wanted else []:
-            for level in waits_for(using, [parent_id]):
+            for level in dag.waits_for(using, [parent_id]):
                 for up in level & wanted:
                     after[("old", parent_id)].add(("old", up))
         sorter: graphlib.TopologicalSorter[tuple[str, int]] = graphlib.TopologicalSorter()

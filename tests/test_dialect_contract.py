@@ -23,7 +23,7 @@ from django_jobqueue import pausing
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import Dialect
 from django_jobqueue.engine import leases
-from django_jobqueue.engine.workflows import promote_due
+from django_jobqueue.engine.staging import promote_due
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.models.functions import DbNow
 from django_jobqueue.worker.reclaimer import reclaim_expired

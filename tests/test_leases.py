@@ -234,7 +234,7 @@ def test_reclaim_ignores_live_leases_and_kills_exhausted_jobs(dialect):
 def test_a_reclaimed_job_is_due_at_once_without_a_retry_backoff(dialect, settings):
     """Its worker died, which was not the job's fault: the attempt is charged, but the job is
     due at once, whatever RETRY_BACKOFF says, and the promoter makes it ready."""
-    from django_jobqueue.engine.workflows import promote_due
+    from django_jobqueue.engine.staging import promote_due
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "RETRY_BACKOFF": 60, "RETRY_BACKOFF_MAX": 60}
     job = jobqueue.enqueue("test.noop")
@@ -485,7 +485,7 @@ def test_finish_and_fail_skip_a_row_another_transaction_holds_locked(dialect):
 
 
 def test_due_scheduled_jobs_are_promoted_and_future_ones_wait(dialect):
-    from django_jobqueue.engine.workflows import promote_due
+    from django_jobqueue.engine.staging import promote_due
     from django_jobqueue.worker.promoter import seconds_until_due
 
     soon = jobqueue.enqueue("test.noop", run_after=dt.timedelta(seconds=30))

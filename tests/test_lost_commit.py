@@ -17,7 +17,7 @@ from django.utils import timezone
 import django_jobqueue as jobqueue
 from django_jobqueue import conf, signals
 from django_jobqueue.dialects import get_dialect
-from django_jobqueue.engine import leases, workflows
+from django_jobqueue.engine import leases, staging
 from django_jobqueue.engine.attempts import InFlight, Outcome, failure_plan
 from django_jobqueue.engine.error_records import error_info, error_record
 from django_jobqueue.models import Job
@@ -165,7 +165,7 @@ def test_a_failure_written_again_after_its_retry_came_due_returns_scheduled(dial
     lease = claim_one(dialect, "w1")
     assert leases.fail(dialect, lease, boom(lease.attempt), retry_in=60) == "scheduled"
     Job.objects.filter(pk=job.pk).update(run_after=timezone.now() - dt.timedelta(seconds=1))
-    assert workflows.promote_due(dialect, batch=10) == 1
+    assert staging.promote_due(dialect, batch=10) == 1
     assert leases.fail(dialect, lease, boom(lease.attempt), retry_in=60) == "scheduled"
 
 

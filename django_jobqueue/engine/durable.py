@@ -603,7 +603,7 @@ class Progress:
 
 def _check_no_deadlock(ctx: JobContext, ids: list[int]) -> None:
     """Refuse to wait for a job that cannot finish before this one (it would wait forever)."""
-    from .enqueuing import waits_for
+    from .dag import waits_for
 
     after = set().union(*waits_for(ctx._dialect.using, [ctx.job_id]))
     stuck = sorted(after.intersection(ids))

@@ -5,25 +5,24 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Model
 from django.db.models.base import ModelState
 from django.utils import timezone
 
 from .. import conf, limits, registry, signals, telemetry, validation
 from ..dialects import get_dialect
-from ..exceptions import InvalidDependencyError, InvalidJobError
+from ..exceptions import InvalidJobError
 from ..limits.resources import Resources
 from ..models import Job, JobDependency
 from ..models.functions import DbNow
 from ..options import JobOptions
-from . import sequences, wake, workflows
+from . import dag, sequences, wake, workflows
+from .dag import JobRef as JobRef
 
-JobRef = Job | int
 # The fields a cancellation writes, refreshed on a job that was cancelled as it was created.
 CANCEL_FIELDS = ["state", "finished_at", "cancelled_by", "last_error", "unique_slot"]
 
@@ -180,14 +179,14 @@ def _enqueue(
 ) -> Job:
     using = conf.get().database
     job, delay = _build(type, args, options)
-    upstream_ids = _ids(depends_on, using, "depends_on")
-    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+    upstream_ids = dag.job_ids(depends_on, using, "depends_on")
+    parent_id = dag.job_ids([parent], using, "parent")[0] if parent is not None else None
     if spawning and parent_id is not None:  # once the child passed its checks, not before
         Job.objects.using(using).filter(pk=parent_id, has_children=False).update(has_children=True)
 
     other = _open_transaction_elsewhere(using) if follow_caller else None
     if other is not None:
-        _check_refs(using, upstream_ids, parent_id, lock=False)
+        dag.check_refs(using, upstream_ids, parent_id, lock=False)
         transaction.on_commit(
             lambda: _write(job, using, upstream_ids, parent_id, delay), using=other
         )
@@ -310,7 +309,7 @@ def _write(
             """Write the job and its edges; return the holder of its unique key instead."""
             job.pk = None  # a retried attempt inserts afresh
             job._state.adding = True
-            states = _check_refs(using, upstream_ids, parent_id, lock=True, spawning=spawning)
+            states = dag.check_refs(using, upstream_ids, parent_id, lock=True, spawning=spawning)
             waiting = any(s != Job.State.DONE for s in states.values())
             # Its sequence's row is locked before the INSERT: ids rise in enqueue order.
             head = job.sequence is not None and bool(sequences.join(dialect, [job.sequence]))
@@ -408,7 +407,7 @@ def create_container(
     settings = conf.get()
     using = settings.database
     box = new_container(name, JobOptions(group=group, queue=queue), sealed=False, settings=settings)
-    parent_id = _ids([parent], using, "parent")[0] if parent is not None else None
+    parent_id = dag.job_ids([parent], using, "parent")[0] if parent is not None else None
     other = _open_transaction_elsewhere(using)
     if other is not None:
         # Its children would be written at that transaction's commit, after the block had
@@ -425,125 +424,12 @@ def create_container(
         # that usable.
         box.pk = None
         box._state.adding = True
-        _check_refs(using, [], parent_id, lock=True)
+        dag.check_refs(using, [], parent_id, lock=True)
         box.parent_id = parent_id
         box.save(using=using, force_insert=True)
 
     get_dialect(using).run_in_caller_transaction(txn)
     return box
-
-
-def _check_refs(
-    using: str,
-    upstream_ids: list[int],
-    parent_id: int | None,
-    *,
-    lock: bool,
-    spawning: bool = False,
-) -> dict[int, str]:
-    """Return {id: state} of the upstream jobs, raising if a reference is missing or unusable.
-
-    With `lock`, the referenced rows stay locked until the transaction ends, so an upstream
-    that finishes concurrently sees this job's edge when it promotes its downstream jobs, and
-    a container cannot roll up while a child is being added. `spawning`: the parent is the
-    running job that spawns this one (its lease is the caller's), not a container.
-    """
-    wanted = set(upstream_ids) | ({parent_id} if parent_id is not None else set())
-    if not wanted:
-        return {}
-    qs: Any = Job.objects.using(using).filter(pk__in=wanted).order_by("pk")
-    if lock:
-        qs = get_dialect(using).lock_blocking(qs)
-    found = {pk: (state, box, sealed) for pk, state, box, sealed in
-             qs.values_list("pk", "state", "is_container", "sealed")}  # fmt: skip
-    missing = sorted(wanted - found.keys())
-    if missing:
-        raise InvalidDependencyError(
-            f"Job(s) {missing} do not exist on database {using!r}; a job can only depend on "
-            "(or belong to) jobs that already exist."
-        )
-    if parent_id is not None:
-        state, box, sealed = found[parent_id]
-        if spawning and state in Job.LEASED_STATES:
-            box = True
-        if not box:
-            raise InvalidDependencyError(f"parent: job {parent_id} is not a container.")
-        if sealed or state in Job.TERMINAL_STATES:
-            raise InvalidDependencyError(
-                f"parent: container {parent_id} is sealed; it takes no more children."
-            )
-        if upstream_ids:
-            _check_no_cycle(using, upstream_ids, parent_id)
-    return {pk: found[pk][0] for pk in upstream_ids}
-
-
-def waits_for(using: str, start: Iterable[int]) -> Iterator[set[int]]:
-    """Yield, level by level, the unfinished jobs that cannot finish before the jobs `start`.
-
-    Those are the jobs downstream of them and the containers they belong to, transitively.
-    """
-    jobs = Job.objects.using(using)
-    seen = set(start)
-    frontier = set(seen)
-    while frontier:
-        yield frontier
-        ordered = sorted(frontier)
-        after = set(
-            jobs.filter(pk__in=ordered, parent_id__isnull=False)
-            .filter(parent__state__in=Job.UNFINISHED_STATES)  # a join, not NOT IN over the table
-            .values_list("parent_id", flat=True)
-        ) | set(
-            JobDependency.objects.using(using)
-            .filter(depends_on_id__in=ordered)
-            .filter(job__state__in=Job.UNFINISHED_STATES)
-            .values_list("job_id", flat=True)
-        )
-        frontier = after - seen
-        seen |= frontier
-
-
-def _check_no_cycle(using: str, upstream_ids: list[int], parent_id: int) -> None:
-    """Reject a child of `parent_id` that would wait for its own container to finish.
-
-    Edges only point at existing jobs, but a container finishes after its children, so a
-    child depending on its container (or on anything that waits for the container, or for
-    one of its ancestors) could never finish, nor could the container.
-    """
-    wanted = set(upstream_ids)
-    for level in waits_for(using, [parent_id]):
-        hit = sorted(level & wanted)
-        if hit:
-            raise InvalidDependencyError(
-                f"depends_on: job {hit[0]} cannot finish before container {parent_id} does, "
-                "so a child of that container cannot wait for it (a cycle)."
-            )
-
-
-def _ids(refs: Iterable[JobRef | None], using: str, what: str) -> list[int]:
-    if isinstance(refs, Model | str | bytes | int) or not isinstance(refs, Iterable):
-        raise InvalidDependencyError(f"{what} must be a list of jobs or job ids, not {refs!r}.")
-    ids: list[int] = []
-    for ref in refs:
-        if isinstance(ref, Job):
-            if ref.pk is None:
-                raise InvalidDependencyError(f"{what}: job {ref!r} is not saved yet.")
-            if ref._state.db not in (None, using):
-                raise InvalidDependencyError(
-                    f"{what}: job {ref.pk} lives on database {ref._state.db!r}, but the queue "
-                    f"is on {using!r}."
-                )
-            ids.append(ref.pk)
-        elif isinstance(ref, int) and not isinstance(ref, bool):
-            if not 1 <= ref <= validation.ID_MAX:
-                raise InvalidDependencyError(
-                    f"{what}: job {ref} does not exist (job ids are from 1 to {validation.ID_MAX})."
-                )
-            ids.append(ref)
-        elif isinstance(ref, Model):
-            raise InvalidDependencyError(f"{what} must be jobs, not {type(ref).__name__}.")
-        else:
-            raise InvalidDependencyError(f"{what} must be jobs or job ids, not {ref!r}.")
-    return list(dict.fromkeys(ids))
 
 
 def _open_transaction_elsewhere(using: str) -> str | None:

@@ -5,9 +5,6 @@ Called inside the transaction that made the job terminal, never from the ready-s
 - `dead`/`cancelled`: waiting downstream jobs are cancelled, transitively, each naming the
   job that caused it (`cancelled_by`), so that retrying that job can revive them;
 - either way the job's container rolls up once it is sealed and all its children are final.
-
-And when a `scheduled` job's time has come it becomes `ready` (`promote_due`: the promoter
-duty, burst workers and `testing.run_jobs()` call it).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from ..exceptions import UpstreamFailed
 from ..models import Job, JobDependency, JobStep, JobWait
 from ..models.functions import DbNow
 from ..records import Finished
-from . import map_children, sequences, wake
+from . import map_children, sequences
 from .error_records import error_record
 
 # Making waiting jobs runnable and waking workers for them: used here and by every module that
@@ -485,27 +482,3 @@ def reopen_containers(dialect: Dialect, container_id: int | None) -> None:
         count_open_children(dialect, container_id)
         revive(dialect, container_id)
         container_id = row[1]
-
-
-def promote_due(dialect: Dialect, *, batch: int) -> int:
-    """Make up to `batch` due scheduled jobs `ready`, earliest first; return how many."""
-    if dialect.autocommit_statements and not dialect.connection.in_atomic_block:
-        queues = dialect.run_statement(lambda: dialect.promote_due(batch))
-        for queue in sorted(queues):
-            wake.notify(dialect.using, queue)
-        return sum(queues.values())
-
-    def txn() -> int:
-        jobs = Job.objects.using(dialect.using)
-        due = list(
-            dialect.lock(jobs.due().order_by("run_after", "pk")).values_list("pk", "queue")[:batch]
-        )
-        if not due:
-            return 0
-        promoted = jobs.filter(pk__in=[pk for pk, _ in due], state=Job.State.SCHEDULED).update(
-            state=Job.State.READY, updated_at=DbNow()
-        )
-        notify_on_commit(dialect, {queue for _, queue in due})
-        return promoted
-
-    return dialect.run_in_transaction(txn)

@@ -23,7 +23,7 @@ from django.db import DatabaseError, transaction
 
 from .. import conf as conf_module
 from ..dialects import Dialect, get_dialect
-from ..engine import attempts, events, leases, outcomes, workflows
+from ..engine import attempts, events, leases, outcomes, staging
 from ..exceptions import JobQueueError
 from ..models import Job
 from ..models.functions import DbNow
@@ -171,7 +171,7 @@ def _promote(
             )
 
         dialect.run_in_transaction(make_due)
-    while workflows.promote_due(dialect, batch=settings.reclaim_batch):
+    while staging.promote_due(dialect, batch=settings.reclaim_batch):
         pass
     while events.expire_waits(dialect, batch=settings.reclaim_batch):  # timed out by the clock
         pass

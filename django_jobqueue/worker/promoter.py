@@ -17,7 +17,7 @@ from typing import Any
 from ..dialects import Dialect, get_dialect
 from ..dialects.base import aware
 from ..engine import events
-from ..engine.workflows import promote_due
+from ..engine.staging import promote_due
 from ..models import Job, JobWait
 from ..models.functions import DbNow
 from .duty import Duty
