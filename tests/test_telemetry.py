@@ -285,6 +285,17 @@ def test_token_resources_carry_the_genai_token_type_and_the_attempt_its_usage(ot
     }
 
 
+def test_an_async_attempt_sums_the_tokens_it_settled(otel, settings):
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "LIMITS": TOKEN_LIMITS,
+        "OPENTELEMETRY": {"TOKEN_RESOURCES": TOKEN_RESOURCES},
+    }
+    (span,) = ran(otel, "otel.async_tokens")["process otel.async_tokens"]
+    assert span.attributes["gen_ai.usage.input_tokens"] == 80
+    assert span.attributes["gen_ai.usage.output_tokens"] == 30
+
+
 def test_an_attempt_that_settles_no_tokens_has_no_usage_attributes(otel, settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": TOKEN_LIMITS, "OPENTELEMETRY": True}
     (span,) = ran(otel, "otel.tokens")["process otel.tokens"]  # nothing declared to count them

@@ -73,3 +73,10 @@ def hold(flag: str) -> None:
     deadline = time.monotonic() + 60
     while not Path(flag).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+@jobqueue.handler("otel.async_tokens", takes_context=True)
+async def async_tokens(ctx: jobqueue.AsyncJobContext) -> None:
+    """As otel.tokens, from an async handler (its calls run on the job's sync-call thread)."""
+    await ctx.settle(await ctx.acquire("llm-input", 100), 80)
+    await ctx.settle(await ctx.acquire("llm-output", 50), 30)
