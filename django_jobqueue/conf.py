@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from .exceptions import InvalidJobError
 
 # LIMITS is checked by the grammar of the limits engine (which reads no settings itself).
-from .limits.spec import derived, find, limits_problems, parse_rate, parse_spec
+from .limits.spec import derived, find, limits_problems, parse_limits, parse_rate, parse_spec
 from .validation import check_label, finite, name_problem
 
 
@@ -496,8 +496,16 @@ def _job_logs(conf: JobQueueSettings) -> Iterator[Problem]:
 
 
 # The options JOBQUEUE["OPENTELEMETRY"] takes as a dict, with their defaults: whether to trace,
-# whether to record metrics, and the seconds between two reads of the queue gauges.
-TELEMETRY_OPTIONS: dict[str, Any] = {"TRACES": True, "METRICS": True, "GAUGE_INTERVAL": 5.0}
+# whether to record metrics, the seconds between two reads of the queue and limit gauges, and
+# the resources of LIMITS that count tokens ({resource or pattern: "input" or "output"}).
+TELEMETRY_OPTIONS: dict[str, Any] = {
+    "TRACES": True,
+    "METRICS": True,
+    "GAUGE_INTERVAL": 5.0,
+    "TOKEN_RESOURCES": {},
+}
+# The values of the GenAI semantic conventions' `gen_ai.token.type` a resource may count.
+TOKEN_TYPES = ("input", "output")
 
 
 def telemetry_options(value: bool | dict[str, Any]) -> dict[str, Any] | None:
@@ -534,11 +542,51 @@ def _telemetry(conf: JobQueueSettings) -> Iterator[Problem]:
                     "seconds.",
                     (key,),
                 )
+        elif key == "TOKEN_RESOURCES":
+            yield from _token_resources(conf, key, option)
         elif not isinstance(option, bool):
             yield Problem(
                 "OPENTELEMETRY",
                 f"JOBQUEUE['OPENTELEMETRY'][{key!r}] must be True or False.",
                 (key,),
+            )
+
+
+def _token_resources(conf: JobQueueSettings, key: str, value: Any) -> Iterator[Problem]:
+    """OPENTELEMETRY's TOKEN_RESOURCES: {resource or pattern of LIMITS: "input" or "output"}.
+    A resource no limit governs is refused: it would never be granted or settled, and a typo
+    would silently report no tokens."""
+    where = "JOBQUEUE['OPENTELEMETRY']['TOKEN_RESOURCES']"
+    entry = (key,)  # the option, dropped from the usable settings
+    if not isinstance(value, dict):
+        yield Problem(
+            "OPENTELEMETRY",
+            f"{where} must map resources of JOBQUEUE['LIMITS'] (or patterns, 'tenant-tokens:*') "
+            f"to the type of token they count, 'input' or 'output'; not {value!r}.",
+            entry,
+        )
+        return
+    try:  # a LIMITS (or GROUP_LIMITS, ...) that is bad has messages of its own
+        specs = {**derived(conf), **parse_limits(conf.limits)}
+    except (ImproperlyConfigured, AttributeError):
+        specs = None
+    for name, kind in value.items():
+        problem = name_problem(name, 255, star="end")
+        if problem:
+            yield Problem("OPENTELEMETRY", f"{where}: a resource name {problem}.", entry)
+            continue
+        if kind not in TOKEN_TYPES:
+            yield Problem(
+                "OPENTELEMETRY",
+                f"{where}[{name!r}] must be 'input' or 'output' (gen_ai.token.type), not {kind!r}.",
+                entry,
+            )
+        if specs is not None and find(name, specs) is None:
+            yield Problem(
+                "OPENTELEMETRY",
+                f"{where} names {name!r}, which no entry of JOBQUEUE['LIMITS'] governs "
+                f"(limited: {', '.join(sorted(specs)) or 'none'}).",
+                entry,
             )
 
 

@@ -18,8 +18,9 @@ def test_with_the_setting_off_nothing_of_opentelemetry_is_imported():
     script = (
         "import sys, django; django.setup()\n"
         "import django_jobqueue as jobqueue\n"
-        "from django_jobqueue import enqueuing, telemetry, worker\n"
-        "from django_jobqueue.engine import attempts, durable, outcomes\n"
+        "from django_jobqueue import telemetry, worker\n"
+        "from django_jobqueue.engine import attempts, durable, enqueuing, occupancy, outcomes\n"
+        "from django_jobqueue.worker import gauges\n"
         "from django_jobqueue.testing import run_jobs\n"
         "job = jobqueue.enqueue('test.add', {'a': 1, 'b': 2})\n"
         "run_jobs()\n"

@@ -5,6 +5,7 @@ metrics and log records to files (tests/otel_support.py), which the test reads b
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,48 @@ def test_a_request_its_job_steps_sleep_and_child_are_one_trace(
     gauges = poll(lambda: last_export(tmp_path).get("jobqueue.queue.ready", {}).get(parked))
     assert gauges == 1
     assert last_export(tmp_path)["jobqueue.queue.oldest_ready_age"][parked] >= 0
+
+
+def test_one_worker_of_two_reports_what_each_limit_holds(settings, start_worker, tmp_path):
+    """Two workers record metrics: the one with the smallest id reports the limit gauges (the
+    units the running jobs hold, each resource's concurrency), the other none."""
+    limits = {"otel-slots": {"concurrency": 5}, "tenant:*": {"concurrency": 3}}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": limits}
+    dirs = {}
+    for name in ("one", "two"):
+        directory = tmp_path / name
+        directory.mkdir()
+        env = {"JOBQUEUE_TEST_OTEL": str(directory), "JOBQUEUE_TEST_LIMITS": json.dumps(limits)}
+        worker = start_worker("--queue", "default", "--concurrency", "2", *FAST, env=env)
+        dirs[worker.wait_registered().id] = directory
+    ids = Worker.objects.filter(id__in=dirs).order_by("id").values_list("id", flat=True)
+    reporter, other = (dirs[worker_id] for worker_id in ids)  # in the database's order
+    flag = tmp_path / "flag"
+    jobs = [
+        jobqueue.enqueue("otel.hold", {"flag": str(flag)}, uses={"otel-slots": 2, "tenant:7": 1}),
+        jobqueue.enqueue("otel.hold", {"flag": str(flag)}, uses={"tenant:8": 1}),
+    ]
+    poll(lambda: Job.objects.filter(state=Job.State.RUNNING).count() == 2)
+
+    def gauge(directory: Path, name: str) -> dict[str, Any]:
+        points = last_export(directory).get(name, {})
+        return {dict(key)["jobqueue.limit.resource"]: value for key, value in points.items()}
+
+    held = {"otel-slots": 2, "tenant:7": 1, "tenant:8": 1}
+    poll(lambda: gauge(reporter, "jobqueue.limit.occupancy") == held, timeout=30)
+    assert gauge(reporter, "jobqueue.limit.capacity") == {"otel-slots": 5, "tenant:7": 3,
+                                                          "tenant:8": 3}  # fmt: skip
+    # Its exports from now on (before the second worker registered, the first one was the
+    # smallest live id for a moment), several of them: none has a point of the limit gauges.
+    since = len(read(other / "metrics"))
+    poll(lambda: len(read(other / "metrics")) >= since + 3, timeout=30)
+    for export in read(other / "metrics")[since:]:
+        for resource in export["resource_metrics"]:
+            for scope in resource["scope_metrics"]:
+                for metric in scope["metrics"]:
+                    if metric["name"].startswith("jobqueue.limit."):
+                        assert not metric["data"]["data_points"], metric
+    flag.touch()
+    for job in jobs:
+        assert wait_for_job(job.pk, Job.State.DONE, Job.State.DEAD).state == Job.State.DONE
+    poll(lambda: gauge(reporter, "jobqueue.limit.occupancy").get("otel-slots") == 0, timeout=30)

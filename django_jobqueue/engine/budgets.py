@@ -374,7 +374,9 @@ def _settled_now(ctx: JobContext, key: str) -> None:
 
 
 def _sent(ctx: JobContext, resource: str, granted: int, used: int, key: str) -> None:
-    """Send `units_settled` for a settlement just written."""
+    """Count a settlement just written (telemetry), and send `units_settled` for it."""
+    if telemetry.active is not None:
+        telemetry.active.units_settled(resource, used, ctx._token_usage)
     if signals.connected(signals.units_settled):
         job = ctx._job
         signals.send(

@@ -83,6 +83,9 @@ class JobContext:
         # Records written with the job's next round trip (settlements that give units back).
         self._deferred: list[durable.Deferred] = []
         self._settled: set[Any] | None = None  # the grants settled (budgets._settled)
+        # The units this run settled of resources that count tokens, by gen_ai.token.type
+        # (filled only with OPENTELEMETRY on: the attempt span's gen_ai.usage.*_tokens).
+        self._token_usage: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return (

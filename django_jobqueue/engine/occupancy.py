@@ -76,30 +76,13 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
     changed = set(LimitSetting.objects.using(using).values_list("name", flat=True))
     rows = dict(Limit.objects.using(using).values_list("name", "closed_until"))
     now = dialect.now()
-    in_flight: dict[str, int] = {}
+    in_flight = units_held(dialect, specs)
     waiting: dict[str, int] = {}
-    jobs = Job.objects.using(using)
-    for uses in jobs.in_flight().filter(uses__isnull=False).values_list("uses", flat=True):
-        for name, units in (uses or {}).items():
-            in_flight[name] = in_flight.get(name, 0) + units
-    ready = jobs.filter(state=Job.State.READY)
+    ready = Job.objects.using(using).filter(state=Job.State.READY)
     for uses in ready.filter(uses__isnull=False).values_list("uses", flat=True)[:WAITING_SCAN]:
         for name in uses or {}:
             waiting[name] = waiting.get(name, 0) + 1
-    # The derived resources: a job of a limited group or queue uses one unit of it.
-    for field, prefix in (("group_key", limits.GROUP), ("queue", limits.QUEUE)):
-        limited = [name[len(prefix) :] for name in specs if name.startswith(prefix)]
-        if not limited:
-            continue
-        for source, into in ((jobs.in_flight(), in_flight), (ready, waiting)):
-            counts = (
-                source.filter(**{f"{field}__in": limited})
-                .values_list(field)
-                .annotate(n=Count("pk"))
-                .values_list(field, "n")
-            )
-            for key, n in counts:
-                into[prefix + key] = into.get(prefix + key, 0) + n
+    _count_derived(ready, specs, waiting)
     # A resource has its row from its first claim; one whose jobs wait or run has its entry
     # before that too.
     used = {name for name in {*in_flight, *waiting} if limits.find(name, specs)}
@@ -134,6 +117,52 @@ def occupancy(dialect: Dialect) -> list[dict[str, Any]]:
             }
         )
     return entries
+
+
+def units_held(dialect: Dialect, specs: dict[str, limits.Spec]) -> dict[str, int]:
+    """The units the jobs in flight hold of each resource: those their `uses` name, and one of
+    a limited group's or queue's resource (`specs`: the limits in force)."""
+    in_flight: dict[str, int] = {}
+    jobs = Job.objects.using(dialect.using).in_flight()
+    for uses in jobs.filter(uses__isnull=False).values_list("uses", flat=True):
+        for name, units in (uses or {}).items():
+            in_flight[name] = in_flight.get(name, 0) + units
+    _count_derived(jobs, specs, in_flight)
+    return in_flight
+
+
+def _count_derived(jobs: Any, specs: dict[str, limits.Spec], into: dict[str, int]) -> None:
+    """Add to `into` the derived resources `jobs` use: a job of a limited group or queue uses
+    one unit of it."""
+    for field, prefix in (("group_key", limits.GROUP), ("queue", limits.QUEUE)):
+        limited = [name[len(prefix) :] for name in specs if name.startswith(prefix)]
+        if not limited:
+            continue
+        counts = (
+            jobs.filter(**{f"{field}__in": limited})
+            .values_list(field)
+            .annotate(n=Count("pk"))
+            .values_list(field, "n")
+        )
+        for key, n in counts:
+            into[prefix + key] = into.get(prefix + key, 0) + n
+
+
+def holding(dialect: Dialect) -> dict[str, tuple[int, int | None]]:
+    """What each limit holds now, for the OpenTelemetry limit gauges: {resource: (the units
+    the jobs in flight hold, its concurrency in force or None)}. Every resource a limit names
+    itself (an entry of LIMITS that is no pattern, a limited group or queue, a live change) is
+    there, 0 when idle; a resource a pattern governs ("tenant:*") only while it holds
+    something, so that ten thousand tenants are not ten thousand figures per read. Reads the
+    jobs in flight (through the leases' index) and the live changes; no ready job, no window."""
+    specs = current(dialect)
+    in_flight = units_held(dialect, specs)
+    found: dict[str, tuple[int, int | None]] = {}
+    for name in sorted({*(n for n in specs if not n.endswith("*")), *in_flight}):
+        governing = limits.find(name, specs)
+        if governing is not None:
+            found[name] = (in_flight.get(name, 0), governing[1].concurrency)
+    return found
 
 
 def spend(dialect: Dialect, minutes: int) -> list[dict[str, Any]]:

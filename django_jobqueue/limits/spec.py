@@ -170,8 +170,9 @@ def _parsed(text: str) -> dict[str, Spec]:
     return parse_limits(json.loads(text))
 
 
-def find(name: str, specs: Mapping[str, Spec]) -> tuple[str, Spec] | None:
-    """The entry of `specs` that governs resource `name`: its own, else the longest pattern."""
+def find[V](name: str, specs: Mapping[str, V]) -> tuple[str, V] | None:
+    """The entry of `specs` that governs resource `name`: its own, else the longest pattern
+    (any mapping of names and patterns: OPENTELEMETRY's TOKEN_RESOURCES too)."""
     if name in specs:
         return name, specs[name]
     patterns = [e for e in specs if e.endswith("*") and name.startswith(e[:-1])]

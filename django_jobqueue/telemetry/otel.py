@@ -18,8 +18,11 @@ spans, the jobs it spawns carry its context, and log records carry its ids. A su
 Metrics. The job counters are asynchronous (observable) counters over the process's own
 tallies, counted where the package records an outcome (`outcomes`, the reclaimer), where a
 job starts and where its enqueue commits (the `job_enqueued` signal); the two histograms
-record each attempt; the queue gauges come from a worker duty (`worker/gauges.py`) that
-reads the database at most every GAUGE_INTERVAL seconds, in one worker only.
+record each attempt; the queue and limit gauges come from a worker duty (`worker/gauges.py`)
+that reads the database at most every GAUGE_INTERVAL seconds, in one worker only. The units
+of a resource that TOKEN_RESOURCES says counts tokens carry the GenAI conventions'
+`gen_ai.token.type`, and the units an attempt settled of such resources are its span's
+`gen_ai.usage.input_tokens` and `gen_ai.usage.output_tokens`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import signals
 from ..exceptions import RateLimited, Suspend
+from ..limits.spec import find
 
 if TYPE_CHECKING:
     from ..engine.attempts import InFlight, Outcome
@@ -55,6 +59,10 @@ DESTINATION = "messaging.destination.name"  # the queue
 HANDLER = "jobqueue.job.type"  # the handler key
 STATE = "jobqueue.job.state"
 RESOURCE = "jobqueue.limit.resource"
+# The GenAI semantic conventions': the type of token a resource counts ("input", "output"),
+# and an attempt span's sums of each (gen_ai.usage.input_tokens, gen_ai.usage.output_tokens).
+TOKEN_TYPE = "gen_ai.token.type"
+USAGE = "gen_ai.usage.{}_tokens"
 
 
 def _version() -> str:
@@ -73,6 +81,8 @@ class OpenTelemetry:
         self.traces = bool(options["TRACES"])
         self.recording_metrics = bool(options["METRICS"])
         self.gauge_interval = float(options["GAUGE_INTERVAL"])
+        # {resource or pattern: "input" or "output"}: the resources that count tokens
+        self.token_resources: dict[str, str] = dict(options["TOKEN_RESOURCES"])
         self._propagator = TraceContextTextMapPropagator()
         self._last_parent: tuple[str | None, otel_context.Context] = (None, otel_context.Context())
         version = _version()
@@ -81,6 +91,8 @@ class OpenTelemetry:
         # {queue: (ready jobs, oldest ready job's age)}, written by the gauge duty; None: this
         # process does not report the queue gauges.
         self.queues: dict[str, tuple[int, float]] | None = None
+        # {resource: (units held by the jobs in flight, its concurrency or None)}, likewise.
+        self.limits: dict[str, tuple[int, int | None]] | None = None
         self._leases: dict[str, Callable[[], int]] = {}  # worker id -> its leases in flight
         self._receivers: list[tuple[Signal, Callable[..., None]]] = []
         if self.recording_metrics:
@@ -126,16 +138,25 @@ class OpenTelemetry:
             "Seconds the oldest ready job of each queue has waited",
         )
         meter.create_observable_gauge(
+            "jobqueue.limit.occupancy",
+            [functools.partial(_observe, "_observe_occupancy")],
+            "{unit}",
+            "Units of each resource the jobs in flight hold",
+        )
+        meter.create_observable_gauge(
+            "jobqueue.limit.capacity",
+            [functools.partial(_observe, "_observe_capacity")],
+            "{unit}",
+            "The concurrency limit in force of each resource that has one",
+        )
+        meter.create_observable_gauge(
             "jobqueue.leases.in_flight",
             [functools.partial(_observe, "_observe_leases")],
             count,
             "Attempts a worker holds a lease on",
         )
-        # Sent where jobs are enqueued and units settled: not the worker's hot path.
-        for signal, receiver in (
-            (signals.job_enqueued, self._on_enqueued),
-            (signals.units_settled, self._on_settled),
-        ):
+        # Sent where jobs are enqueued: not the worker's hot path.
+        for signal, receiver in ((signals.job_enqueued, self._on_enqueued),):
             signal.connect(receiver, weak=False, dispatch_uid=f"jobqueue-otel-{id(self)}")
             self._receivers.append((signal, receiver))
 
@@ -205,6 +226,10 @@ class OpenTelemetry:
         """Say on the attempt's span how it ended: its outcome, error, suspension or 429."""
         if span is None:
             return
+        context = flight.context
+        if context is not None:  # the tokens it settled, from the handler's thread: done now
+            for kind, units in context._token_usage.items():
+                span.set_attribute(USAGE.format(kind), units)
         if outcome is None:  # settled elsewhere: timed out, or handed back at shutdown
             span.set_attribute("jobqueue.outcome", "timed_out" if flight.abandoned else "released")
             if flight.abandoned:
@@ -252,9 +277,28 @@ class OpenTelemetry:
         waited = (dt.datetime.now(dt.UTC) - since).total_seconds()
         self.wait.record(max(0.0, waited), _attributes(job.type, job.queue))
 
+    def token_type(self, resource: str) -> str | None:
+        """The type of token `resource` counts ("input", "output"), or None."""
+        found = find(resource, self.token_resources) if self.token_resources else None
+        return None if found is None else found[1]
+
+    def _unit_attributes(self, resource: str, kind: str | None) -> dict[str, str]:
+        if kind is None:
+            return {RESOURCE: resource}
+        return {RESOURCE: resource, TOKEN_TYPE: kind}
+
     def units_granted(self, resource: str, units: int) -> None:
         if self.recording_metrics:
-            self.granted.add(units, {RESOURCE: resource})
+            self.granted.add(units, self._unit_attributes(resource, self.token_type(resource)))
+
+    def units_settled(self, resource: str, used: int, usage: dict[str, int]) -> None:
+        """Count units settled as used; of a resource that counts tokens, add them to `usage`
+        too (the run's tokens by type, which `ended` sets on its attempt span)."""
+        kind = self.token_type(resource)
+        if self.recording_metrics:
+            self.settled.add(used, self._unit_attributes(resource, kind))
+        if kind is not None:
+            usage[kind] = usage.get(kind, 0) + used
 
     def _count(self, name: str, job_type: str, queue: str, state: str | None = None) -> None:
         key = (name, job_type, queue, state)
@@ -285,9 +329,6 @@ class OpenTelemetry:
     def _on_enqueued(self, sender: Any, *, job_type: str, queue: str, **kwargs: Any) -> None:
         self._count("enqueued", job_type, queue)
 
-    def _on_settled(self, sender: Any, *, resource: str, used: int, **kwargs: Any) -> None:
-        self.settled.add(used, {RESOURCE: resource})
-
     def watch_leases(self, worker_id: str, count: Callable[[], int] | None) -> None:
         """Report the leases `count()` says worker `worker_id` holds (None: stop)."""
         with self._lock:
@@ -308,6 +349,21 @@ class OpenTelemetry:
     def _observe_oldest(self) -> Iterable[metrics.Observation]:
         queues = self.queues or {}
         return [metrics.Observation(age, {DESTINATION: q}) for q, (_, age) in queues.items()]
+
+    def _observe_occupancy(self) -> Iterable[metrics.Observation]:
+        held = self.limits or {}
+        return [
+            metrics.Observation(units, self._unit_attributes(r, self.token_type(r)))
+            for r, (units, _) in held.items()
+        ]
+
+    def _observe_capacity(self) -> Iterable[metrics.Observation]:
+        held = self.limits or {}
+        return [
+            metrics.Observation(cap, self._unit_attributes(r, self.token_type(r)))
+            for r, (_, cap) in held.items()
+            if cap is not None
+        ]
 
 
 # (counter, handler key, queue, state) -> count since the process started: the observable job

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 
 import django_jobqueue as jobqueue
 from django_jobqueue.exceptions import RateLimited
@@ -53,3 +55,28 @@ async def async_steps(ctx: jobqueue.AsyncJobContext) -> int:
     first = await ctx.step("one", one)
     second = await ctx.step("two", _store, first)
     return int(second)
+
+
+@jobqueue.handler("otel.tokens", takes_context=True)
+def tokens(ctx: jobqueue.JobContext) -> None:
+    """Grants and settlements of resources that count tokens (input, output, one of a
+    pattern), and of one that does not."""
+    ctx.settle(ctx.acquire("llm-input", 100), 80)
+    ctx.settle(ctx.acquire("llm-output", 50), 30)
+    ctx.settle(ctx.acquire("tenant-tokens:7", 40), 20)
+    ctx.settle(ctx.acquire("otel-rated", 3), 2)
+
+
+@jobqueue.handler("otel.hold")
+def hold(flag: str) -> None:
+    """Hold the units of its `uses` until the file `flag` exists (a minute at most)."""
+    deadline = time.monotonic() + 60
+    while not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@jobqueue.handler("otel.async_tokens", takes_context=True)
+async def async_tokens(ctx: jobqueue.AsyncJobContext) -> None:
+    """As otel.tokens, from an async handler (its calls run on the job's sync-call thread)."""
+    await ctx.settle(await ctx.acquire("llm-input", 100), 80)
+    await ctx.settle(await ctx.acquire("llm-output", 50), 30)
