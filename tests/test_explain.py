@@ -334,7 +334,7 @@ def test_the_claim_reads_only_the_ready_index(busy_table: None) -> None:
 
 
 def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
-    from django_jobqueue.engine.workflows import promote_due
+    from django_jobqueue.engine.staging import promote_due
     from django_jobqueue.worker.promoter import seconds_until_due
 
     dialect = get_dialect("default")
@@ -724,7 +724,7 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
     table: each claim of a drain of 10,000 jobs read all of them.)"""
     from django_jobqueue.engine import leases
     from django_jobqueue.engine.suspensions import suspend_many
-    from django_jobqueue.engine.workflows import promote_due
+    from django_jobqueue.engine.staging import promote_due
     from django_jobqueue.exceptions import Suspend
 
     dialect = get_dialect("default")
