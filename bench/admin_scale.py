@@ -7,10 +7,10 @@ dead, 1% cancelled, 1% ready, the rest waiting or scheduled, 100 running; four q
 handler keys, twenty groups, finish times spread over a day) plus a workflow of a container
 with 2,000 children that ran over an hour (some retried, some slept), a durable job that died
 after three steps, and two days of per-minute figures of four workers (the overview's
-charts), then times every admin page through Django's test client as a superuser, and the
-confirmation page of "select all" over the 20,000 dead jobs: the median and the best of 7
-loads after one warm-up. A benchmark, never a test. `bench/admin_browser.py` then drives the
-same database in chromium.
+charts, and per handler key its per-handler table), then times every admin page through
+Django's test client as a superuser, and the confirmation page of "select all" over the
+20,000 dead jobs: the median and the best of 7 loads after one warm-up. A benchmark, never a
+test. `bench/admin_browser.py` then drives the same database in chromium.
 """
 
 from __future__ import annotations
