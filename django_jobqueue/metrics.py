@@ -3,9 +3,12 @@
 Each worker tallies in memory what it does (claims, outcomes, and the enqueue-to-start latency
 of first attempts, as counts per bucket of LATENCY_BUCKETS) and its recorder writes the current
 minute's totals to its own `MinuteCount` row every few seconds: one upsert, no contention
-between workers. Once a minute, the first worker to get there samples the ready backlog of
-each queue and the age of its oldest ready job into `MinuteSample` rows, and deletes rows older
-than KEEP. The charts read these rows: at most a few thousand for a day, never the job table.
+between workers. The same counts per handler key (claims, jobs ended `done` or `dead`, failed
+attempts) go to its `MinuteHandlerCount` rows, one per handler key it ran that minute, for
+the overview's per-handler table (admin/breakdown.py). Once a minute, the first worker to get
+there samples the ready backlog of each queue and the age of its oldest ready job into
+`MinuteSample` rows, and deletes rows older than KEEP. The charts read these rows: at most a
+few thousand for a day, never the job table.
 
 The counts' minutes are those of the worker's clock (UTC), the samples' those of the
 database's; hosts kept in time by NTP agree to well within a minute. The latency of a job is
@@ -27,7 +30,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from .dialects import get_dialect
-from .models import Job, MinuteCount, MinuteSample, MinuteSpend
+from .models import Job, MinuteCount, MinuteHandlerCount, MinuteSample, MinuteSpend
 from .models.functions import MinuteSlot
 from .records import ClaimedJob
 
@@ -35,6 +38,8 @@ from .records import ClaimedJob
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60, 300, 1800, 3600)
 KEEP = dt.timedelta(days=2)
 MINUTE = dt.timedelta(minutes=1)
+# The per-handler counts of a minute, in this order: {handler key: [started, done, failed, dead]}.
+HANDLER_COUNTS = ("started", "done", "failed", "dead")
 
 
 def minute_of(moment: dt.datetime) -> dt.datetime:
@@ -64,6 +69,7 @@ class Tally:
                 "finished": 0,
                 "failed": 0,
                 "latency": [0] * (len(LATENCY_BUCKETS) + 1),
+                "handlers": {},
             }
         self._dirty.add(key)
         return found
@@ -77,7 +83,12 @@ class Tally:
         with self._lock:
             minute = self._minute(now.timestamp())
             minute["started"] += len(jobs)
+            handlers = minute["handlers"]
             for job in jobs:
+                counts = handlers.get(job.type)
+                if counts is None:
+                    counts = handlers[job.type] = [0, 0, 0, 0]
+                counts[0] += 1
                 # A first claim only: not a retry, nor a durable job resuming after a sleep or
                 # a wait (it has records then), whose wait is not the queue's.
                 if job.attempts != 1 or job.has_steps or job.created_at is None:
@@ -87,15 +98,30 @@ class Tally:
                 minute["latency"][bisect.bisect_left(LATENCY_BUCKETS, waited)] += 1
 
     def recorded(
-        self, *, finished: int = 0, failed: int = 0, now: dt.datetime | None = None
+        self,
+        *,
+        finished: int = 0,
+        failed: int = 0,
+        now: dt.datetime | None = None,
+        handler: str | None = None,
+        state: str | None = None,
     ) -> None:
-        """Count outcomes written: attempts that finished, and attempts that failed."""
+        """Count outcomes written: attempts that finished, and attempts that failed; with
+        `handler`, also for that handler key, with the job's `done` or `dead` when `state`,
+        the state the outcome left the job in, is one of them."""
         if not (finished or failed):
             return
         with self._lock:
             minute = self._minute(now.timestamp() if now else time.time())
             minute["finished"] += finished
             minute["failed"] += failed
+            if handler is not None:
+                counts = minute["handlers"].get(handler)
+                if counts is None:
+                    counts = minute["handlers"][handler] = [0, 0, 0, 0]
+                counts[1] += state == "done"
+                counts[2] += failed
+                counts[3] += state == "dead"
 
     def take(self, now: dt.datetime | None = None) -> dict[dt.datetime, dict[str, Any]]:
         """The minutes changed since the last take (their totals so far); forget old ones."""
@@ -122,19 +148,38 @@ def _datetime(minute: int) -> dt.datetime:
 
 
 def _copy(minute: dict[str, Any]) -> dict[str, Any]:
-    return {**minute, "latency": list(minute["latency"])}
+    handlers = {key: list(counts) for key, counts in minute["handlers"].items()}
+    return {**minute, "latency": list(minute["latency"]), "handlers": handlers}
 
 
 def write(using: str, worker: str, minutes: dict[dt.datetime, dict[str, Any]]) -> None:
-    """Store a worker's minute totals (one upsert of its own rows)."""
+    """Store a worker's minute totals (one upsert of its own rows, and one of its rows per
+    handler key: `minutes[m]["handlers"]`, {handler key: [started, done, failed, dead]})."""
     if not minutes:
         return
+    dialect = get_dialect(using)
+    counts, per_handler = [], []
+    for key, values in minutes.items():
+        values = dict(values)
+        for handler, numbers in values.pop("handlers", {}).items():
+            figures = dict(zip(HANDLER_COUNTS, numbers, strict=True))
+            per_handler.append(
+                MinuteHandlerCount(minute=key, worker=worker, handler=handler, **figures)
+            )
+        counts.append(MinuteCount(minute=key, worker=worker, **values))
     MinuteCount.objects.using(using).bulk_create(
-        [MinuteCount(minute=key, worker=worker, **values) for key, values in minutes.items()],
+        counts,
         update_conflicts=True,
-        unique_fields=get_dialect(using).conflict_target(["minute", "worker"]),
+        unique_fields=dialect.conflict_target(["minute", "worker"]),
         update_fields=["started", "finished", "failed", "latency"],
     )
+    if per_handler:
+        MinuteHandlerCount.objects.using(using).bulk_create(
+            per_handler,
+            update_conflicts=True,
+            unique_fields=dialect.conflict_target(["minute", "worker", "handler"]),
+            update_fields=list(HANDLER_COUNTS),
+        )
 
 
 def sample(using: str, now: dt.datetime) -> bool:
@@ -184,6 +229,7 @@ def store_sample(using: str, rows: list[MinuteSample]) -> None:
     cutoff = rows[0].minute - KEEP
     samples.filter(minute__lt=cutoff).delete()
     MinuteCount.objects.using(using).filter(minute__lt=cutoff).delete()
+    MinuteHandlerCount.objects.using(using).filter(minute__lt=cutoff).delete()
     MinuteSpend.objects.using(using).filter(minute__lt=cutoff).delete()
 
 

@@ -23,7 +23,7 @@ from .jobs import (
     in_graph,
 )
 from .limits import Limit, LimitSetting, ResourceStart
-from .metrics import MinuteCount, MinuteSample, MinuteSpend
+from .metrics import MinuteCount, MinuteHandlerCount, MinuteSample, MinuteSpend
 from .pauses import PausedResource, PausedWorkflow, QueueState
 from .schedules import ScheduleDefinition, ScheduleState
 from .workers import Worker, WorkerQuerySet
@@ -46,6 +46,7 @@ __all__ = [
     "LimitSetting",
     "LiveLease",
     "MinuteCount",
+    "MinuteHandlerCount",
     "MinuteSample",
     "MinuteSpend",
     "PausedResource",

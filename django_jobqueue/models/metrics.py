@@ -32,6 +32,33 @@ class MinuteCount(models.Model):
         return f"{self.worker} @ {self.minute}"
 
 
+class MinuteHandlerCount(models.Model):
+    """What one worker did with one handler key's jobs in one minute (its clock): attempts
+    started (claims), jobs its attempts ended `done` or `dead`, and attempts that failed
+    (whether a retry followed or not). Written by the worker's recorder with its
+    `MinuteCount` rows; read by the admin overview's per-handler table; kept two days."""
+
+    minute = models.DateTimeField(_("minute"))
+    worker = KeyField(_("worker"), max_length=255)
+    handler = KeyField(_("handler"), max_length=200)
+    started = models.IntegerField(_("started"), default=0)
+    done = models.IntegerField(_("done"), default=0)
+    failed = models.IntegerField(_("failed"), default=0)
+    dead = models.IntegerField(_("dead"), default=0)
+
+    class Meta:
+        verbose_name = _("minute handler count")
+        verbose_name_plural = _("minute handler counts")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "worker", "handler"], name="jobqueue_handler_minute"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.handler} on {self.worker} @ {self.minute}"
+
+
 class MinuteSpend(models.Model):
     """The units of one resource that one handler's jobs spent in one minute (database clock):
     started by claims, granted by `ctx.acquire()`, corrected by `ctx.settle()`. Written in the

@@ -200,10 +200,11 @@ class Completer(Duty):
             self._suspended = True
         if self.tally is not None and state is not None:
             suspended = isinstance(outcome.error, Suspend | RateLimited)
+            handler = outcome.flight.job.type
             if outcome.error is None:
-                self.tally.recorded(finished=1)
+                self.tally.recorded(finished=1, handler=handler, state=state)
             elif not suspended:
-                self.tally.recorded(failed=1)
+                self.tally.recorded(failed=1, handler=handler, state=state)
         if self.flights.remove(outcome.flight) and self.on_empty is not None:
             self.on_empty()
 
