@@ -3,7 +3,8 @@
 Owns the connection of the dialect's alias, quoting, compiling ORM expressions and querysets to
 SQL (so that raw statements reuse the ORM's portable parts), the database clock, the small SQL
 fragments a vendor spells differently (IN lists, id sets, JSON appends, row-lock clauses), and
-the helpers that read back what a raw cursor returns (`read_json`, `aware`, `result_of`).
+the helpers that read back what a raw cursor returns (`read_json`, `aware`, `result_of`), and
+`seconds` (a delay as a timedelta, clamped to `MAX_DELAY`).
 
 Invariant: nothing here runs a write, nor opens a transaction; the fragments are pure
 functions of their arguments and the alias (their SQL is kept by callers in `_sql_cache`).
