@@ -723,8 +723,8 @@ def test_full_batches_find_their_rows_by_primary_key(queue_table: None) -> None:
     hash join over a read of the whole table, once a batch came to about a hundredth of the
     table: each claim of a drain of 10,000 jobs read all of them.)"""
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.suspensions import suspend_many
     from django_jobqueue.engine.staging import promote_due
+    from django_jobqueue.engine.suspensions import suspend_many
     from django_jobqueue.exceptions import Suspend
 
     dialect = get_dialect("default")

@@ -14,7 +14,8 @@ from django.db.models import Expression, F, Func, JSONField, QuerySet, Value
 
 from ..exceptions import UnsupportedDatabaseError
 from ..models import Job
-from .base import Dialect, statement_bound
+from .base import Dialect
+from .transactions import statement_bound
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)

@@ -19,7 +19,10 @@ from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobW
 from ..models.functions import DbNow
 from ..models.literals import array
 from ..records import Finished, FinishReport
-from .base import Dialect, GrantWrite, result_of, seconds, statement_bound
+from .base import Dialect
+from .resources import GrantWrite
+from .sql import result_of, seconds
+from .transactions import statement_bound
 
 try:
     from psycopg import ClientCursor
