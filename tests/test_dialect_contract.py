@@ -22,6 +22,7 @@ from django.db import Error as DatabaseErrors
 from django_jobqueue import pausing
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import Dialect
+from django_jobqueue.dialects.sql import StatementCache
 from django_jobqueue.engine import leases
 from django_jobqueue.engine.staging import promote_due
 from django_jobqueue.models import Job, Worker
@@ -790,3 +791,16 @@ def test_no_reads_of_groups_is_no_statement(dialect):
     """`group_reads_sql` of no reads (a claim that planned nothing) gives no statement."""
     query = ready_jobs().order_by("-priority", "pk").values_list("pk", "group_key")
     assert dialect.run_in_transaction(lambda: dialect.group_reads_sql(query, [], [], {})) == []
+
+
+def test_the_compiled_statements_a_dialect_keeps_are_bounded():
+    """A key that takes ever new values (what is paused) never grows the cache past its
+    limit: it starts over, and the statement just stored is there."""
+    cache = StatementCache(limit=3)
+    for shape in range(10):
+        cache[("claim", shape)] = (f"SELECT {shape}", [])
+        assert cache[("claim", shape)] == (f"SELECT {shape}", [])
+        assert len(cache) <= 3
+    cache[("claim", 9)] = ("SELECT 9", [])  # a shape it holds: nothing is dropped
+    assert len(cache) == 1  # emptied at shapes 3, 6 and 9
+    assert isinstance(get_dialect("default")._sql_cache, StatementCache)

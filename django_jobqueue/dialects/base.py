@@ -37,7 +37,7 @@ from .promotion import Promotion
 from .resources import GrantWrite, LockedResources, Resources
 from .sequences import Sequences
 from .server import Server
-from .sql import MAX_DELAY, aware, read_json, result_of, seconds
+from .sql import MAX_DELAY, StatementCache, aware, read_json, result_of, seconds
 from .steps import Steps
 from .transactions import M, T, TransientDatabaseError, logger, statement_bound
 
@@ -90,5 +90,5 @@ class Dialect(Claims, Finishing, Promotion, Steps, Inserts, Resources, Sequences
 
     def __init__(self, using: str) -> None:
         self.using = using
-        self._sql_cache: dict[Any, tuple[str, list[Any]]] = {}
+        self._sql_cache = StatementCache()
         self._loaders: dict[Any, list[Any]] = {}

@@ -54,12 +54,30 @@ def aware(value: Any) -> dt.datetime:
     return moment
 
 
+class StatementCache(dict[Any, tuple[str, list[Any]]]):
+    """A dialect's compiled statements by shape, emptied when it holds `limit` shapes.
+
+    A worker sees few shapes, but some keys take values that change over its life (what is
+    paused, the containers of a paused workflow): without a bound, a worker running for
+    months would keep every one. Emptying it costs a compile per shape in use, once.
+    """
+
+    def __init__(self, limit: int = 512) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: Any, value: tuple[str, list[Any]]) -> None:
+        if key not in self and len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 class SQL:
     """The connection, quoting, compiling, the clock and the SQL fragments of a dialect."""
 
     # Set by Dialect.__init__ (base.py).
     using: str
-    _sql_cache: dict[Any, tuple[str, list[Any]]]
+    _sql_cache: StatementCache
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
