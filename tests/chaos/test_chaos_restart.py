@@ -17,7 +17,6 @@ import os
 import time
 
 import pytest
-from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
@@ -33,6 +32,7 @@ from tests.chaos.support import (
     unfinished,
 )
 from tests.conftest import HANDED_BACK
+from tests.support.markers import not_sqlite
 from tests.support.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
@@ -40,7 +40,7 @@ pytestmark = [
     pytest.mark.chaos,
     pytest.mark.slow,
     pytest.mark.server_restart,
-    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
+    not_sqlite("SQLite has no server to restart"),
 ]
 
 # What a worker logs while its server is away: retried, never fatal. "Lost the lease" also

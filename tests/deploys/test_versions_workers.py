@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from io import StringIO
 from typing import Any
 
-import django
 import pytest
 from django.core.management import call_command
 
@@ -19,6 +18,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue import registry
 from django_jobqueue.models import Job, JobStep
 from tests.conftest import poll, wait_for_job
+from tests.support.markers import requires_task_options
 from tests.support.workflow_support import FAST
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -57,7 +57,7 @@ KINDS = {
         "async",
         pytest.param(
             "task",
-            marks=pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(**kwargs): 6.1+"),
+            marks=requires_task_options("@task(**kwargs): 6.1+"),
         ),
     ]
 )

@@ -28,6 +28,7 @@ from django_jobqueue.worker.reclaimer import reclaim_expired
 from django_jobqueue.workflows import promote_due
 from tests.conftest import in_new_thread
 from tests.support.factories import JobDependencyFactory, JobFactory
+from tests.support.markers import needs_skip_locked
 
 # Claims and finishes commit (and one test uses a second connection): no wrapping transaction.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -326,9 +327,8 @@ def test_mark_claimed_marks_the_chosen_rows_in_the_order_given(dialect):
     )
 
 
-@pytest.mark.skipif(
-    not DIALECT.has_select_for_update_skip_locked,
-    reason="has_select_for_update_skip_locked is False: one writer holds the whole database",
+@needs_skip_locked(
+    "has_select_for_update_skip_locked is False: one writer holds the whole database"
 )
 def test_two_connections_never_claim_the_same_row():
     """While one claim transaction holds its rows, a claim on another connection skips them

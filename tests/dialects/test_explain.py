@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job
+from tests.support.markers import only_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -202,9 +203,7 @@ def test_lease_index_exists_in_the_catalog() -> None:
     assert READY_INDEX in constraints
 
 
-@pytest.mark.skipif(
-    connection.vendor != "sqlite", reason="only SQLite rebuilds a table to alter it"
-)
+@only_sqlite("only SQLite rebuilds a table to alter it")
 def test_sqlite_table_rebuild_keeps_the_ready_index() -> None:
     """SQLite alters a column by rebuilding the table with the indexes the model declares."""
     old = Job._meta.get_field("type")

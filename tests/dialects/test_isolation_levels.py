@@ -7,19 +7,20 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 import django_jobqueue as jobqueue
 from django_jobqueue import leases
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job
 from tests.support.extra_databases import second_connection
+from tests.support.markers import only_postgresql
 
 IsolationLevel = pytest.importorskip("django.db.backends.postgresql.psycopg_any").IsolationLevel
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL isolation levels"),
+    only_postgresql("PostgreSQL isolation levels"),
 ]
 
 

@@ -25,11 +25,12 @@ import django_jobqueue as jobqueue
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job, Worker
 from tests.conftest import assert_clean_log, poll, wait_for_job
+from tests.support.markers import not_sqlite, only_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 VENDOR = connection.vendor
-POSTGRES = pytest.mark.skipif(VENDOR != "postgresql", reason="PgBouncer is PostgreSQL's pooler")
+POSTGRES = only_postgresql("PgBouncer is PostgreSQL's pooler")
 # What a worker sets on its own connections, by vendor (MySQL 8 has no idle-transaction bound).
 SETTINGS = {
     "postgresql": ("lock_timeout", "idle_in_transaction_session_timeout", "statement_timeout"),
@@ -68,7 +69,7 @@ def _has_variable(cursor: Any, name: str) -> bool:
     return cursor.fetchone() is not None
 
 
-@pytest.mark.skipif(VENDOR == "sqlite", reason="SQLite's busy timeout is its connection's own")
+@not_sqlite("SQLite's busy timeout is its connection's own")
 @pytest.mark.parametrize("fails", [False, True], ids=["committed", "rolled-back"])
 def test_worker_transaction_settings_end_with_the_transaction(fails):
     """What bound_waits() and statement_timeout() set holds inside the worker's transaction,
@@ -110,7 +111,7 @@ def test_worker_transaction_settings_end_with_the_transaction(fails):
         vars(connection).pop("_jobqueue_bound_waits", None)
 
 
-@pytest.mark.skipif(VENDOR == "sqlite", reason="SQLite has no statement timeout")
+@not_sqlite("SQLite has no statement timeout")
 def test_no_statement_of_a_worker_transaction_runs_longer_than_it_may_sit_idle():
     """Every worker transaction bounds its statements (as long as it may sit idle): a slow
     statement is ended by the server instead of holding the transaction open."""

@@ -18,10 +18,11 @@ import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import ROOT, poll
 from tests.support.extra_databases import sqlite_alias
+from tests.support.markers import only_sqlite
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's database write lock"),
+    only_sqlite("SQLite's database write lock"),
 ]
 
 

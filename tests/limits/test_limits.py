@@ -23,6 +23,7 @@ from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.fairshare import FairShare
 from django_jobqueue.models import Job, Limit
 from django_jobqueue.testing import run_jobs
+from tests.support.markers import needs_skip_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -436,9 +437,8 @@ def test_fair_share_splits_the_free_slots_among_the_groups_whose_jobs_can_start(
     assert a >= 2 * b and b >= 3, (a, b)  # about 3 to 1, as their weights
 
 
-@pytest.mark.skipif(
-    not get_dialect("default").has_select_for_update_skip_locked,
-    reason="SQLite's writers take turns on the whole database: every claim waits for any other",
+@needs_skip_locked(
+    "SQLite's writers take turns on the whole database: every claim waits for any other"
 )
 def test_a_claim_never_waits_for_a_lock_that_another_tenants_claim_holds():
     """Another claim, of tenant 1, holds tenant 1's resource row and its job's row, in the

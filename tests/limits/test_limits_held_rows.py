@@ -17,10 +17,15 @@ from django_jobqueue.dialects import get_dialect
 from django_jobqueue.fairshare import FairShare
 from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll
-from tests.support.lock_support import holding, skip_locks_only
+from tests.support.lock_support import holding
+from tests.support.markers import needs_skip_locked
 from tests.support.workflow_support import FAST, limits_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), skip_locks_only]
+# SQLite has no row locks: its writers take turns on the whole database.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    needs_skip_locked("SQLite's writers take turns on the whole database: no row is held apart"),
+]
 
 LIMITS = {"tenant:*": {"concurrency": 1}}
 

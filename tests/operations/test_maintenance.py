@@ -19,12 +19,11 @@ from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job, JobDependency
 from tests.conftest import in_new_thread, poll
+from tests.support.markers import only_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TABLE = Job._meta.db_table
-needs_postgres = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="VACUUM and pg_stat_user_tables are PostgreSQL's"
-)
+needs_postgres = only_postgresql("VACUUM and pg_stat_user_tables are PostgreSQL's")
 
 
 @pytest.fixture

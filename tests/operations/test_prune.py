@@ -21,6 +21,7 @@ from django_jobqueue.models import Job, JobDependency, JobMap
 from django_jobqueue.testing import run_jobs
 from tests.conftest import poll
 from tests.dialects.test_explain import analyze, explain_sql, job_statements, statements_of
+from tests.support.markers import needs_skip_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FINAL = Job.TERMINAL_STATES
@@ -302,10 +303,7 @@ def test_prune_batches_read_the_state_finished_index():
     assert cursor.finished_at is not None
 
 
-@pytest.mark.skipif(
-    not get_dialect("default").has_select_for_update_skip_locked,
-    reason="SQLite serializes writers: there is no row lock to skip",
-)
+@needs_skip_locked("SQLite serializes writers: there is no row lock to skip")
 def test_a_row_locked_elsewhere_is_skipped_not_waited_for():
     import threading
 

@@ -23,6 +23,7 @@ from django.test import override_settings
 from django_jobqueue import checks
 from django_jobqueue.dialects.mysql import version_error
 from tests.support.extra_databases import sqlite_alias
+from tests.support.markers import only_mysql
 
 ROOT = Path(__file__).resolve().parents[2]
 VALID = {"LEASE_TTL": 30, "HEARTBEAT_INTERVAL": 5}
@@ -359,7 +360,7 @@ def test_version_error(is_mariadb: bool, version: tuple[int, ...], ok: bool) -> 
         assert "SKIP LOCKED" in problem
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="E002 needs a MySQL/MariaDB server")
+@only_mysql("E002 needs a MySQL/MariaDB server")
 @pytest.mark.django_db
 def test_no_e002_for_the_live_server() -> None:
     connection.ensure_connection()

@@ -30,11 +30,11 @@ from django_jobqueue.testing import (
 )
 from django_jobqueue.testing.pytest_plugin import JobQueueFixture
 from tests.conftest import ROOT
+from tests.support.markers import requires_tasks
 from tests.testapp import testing_jobs
 from tests.testapp.models import Order, RunRecord
 
 HAS_TASKS = django.VERSION >= (6, 0)
-requires_tasks = pytest.mark.skipif(not HAS_TASKS, reason="django.tasks is Django 6.0+")
 
 if HAS_TASKS:
     from django.tasks import TaskResultStatus

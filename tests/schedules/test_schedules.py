@@ -11,7 +11,6 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
-import django
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
@@ -24,6 +23,7 @@ from django_jobqueue.exceptions import HandlerRegistrationError
 from django_jobqueue.models import Job, ScheduleState
 from django_jobqueue.worker import schedule_runner
 from tests.conftest import assert_clean_log, poll
+from tests.support.markers import requires_tasks
 from tests.support.workflow_support import FAST, run_burst
 from tests.testapp.clock import set_clock
 
@@ -351,8 +351,6 @@ def test_three_workers_enqueue_each_slot_once_and_honour_catch_up(start_worker, 
 
 
 # -- Django tasks and the decorator --------------------------------------------------------
-
-requires_tasks = pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django 6.0+")
 
 
 @requires_tasks

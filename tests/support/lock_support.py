@@ -7,16 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from django.db import connections, transaction
-
-from django_jobqueue.dialects import get_dialect
-
-# SQLite has no row locks: its writers take turns on the whole database.
-skip_locks_only = pytest.mark.skipif(
-    not get_dialect("default").has_select_for_update_skip_locked,
-    reason="SQLite's writers take turns on the whole database: no row is held apart",
-)
 
 
 @contextlib.contextmanager

@@ -14,10 +14,9 @@ from django.utils import timezone
 from django_jobqueue import registry
 from django_jobqueue.models import Job
 from django_jobqueue.testing import run_jobs
+from tests.support.markers import requires_task_options
 
-pytestmark = pytest.mark.skipif(
-    django.VERSION < (6, 1), reason="@task(**kwargs) is Django 6.1+ (or the django-tasks backport)"
-)
+pytestmark = requires_task_options("@task(**kwargs) is Django 6.1+ (or the django-tasks backport)")
 
 if django.VERSION >= (6, 1):
     from django.tasks import task

@@ -21,9 +21,9 @@ from django_jobqueue import backends, exceptions
 from django_jobqueue.models import Job, JobStep
 from django_jobqueue.worker import JobWorker, WorkerOptions
 from tests.conftest import ROOT, assert_clean_log, in_new_thread, poll
+from tests.support.markers import requires_task_options, requires_tasks
 
 HAS_TASKS = django.VERSION >= (6, 0)
-requires_tasks = pytest.mark.skipif(not HAS_TASKS, reason="django.tasks is Django 6.0+")
 
 if HAS_TASKS:
     from django.tasks import TaskResultStatus, task_backends
@@ -366,7 +366,7 @@ def test_a_cancelled_task_is_failed():
 
 
 @requires_tasks
-@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(**kwargs) is Django 6.1+")
+@requires_task_options("@task(**kwargs) is Django 6.1+")
 @pytest.mark.django_db(transaction=True)
 def test_queue_options_in_the_task_decorator():
     assert (tasks.grouped_report.group, tasks.grouped_report.max_attempts) == ("reports", 1)

@@ -8,7 +8,6 @@ import datetime as dt
 import logging
 from io import StringIO
 
-import django
 import pytest
 from django.core.management import call_command
 from django.test import Client
@@ -17,6 +16,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue import conf, joblogs
 from django_jobqueue.models import Job, JobLogLine
 from django_jobqueue.testing import run_jobs
+from tests.support.markers import requires_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -159,7 +159,7 @@ def test_a_line_whose_arguments_do_not_fit_is_kept_as_it_was_given():
     )
 
 
-@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django 6.0+")
+@requires_tasks
 def test_a_django_task_keeps_what_it_logs_through_its_context():
     from tests.testapp import tasks
 

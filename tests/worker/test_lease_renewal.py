@@ -12,6 +12,7 @@ from django_jobqueue import leases
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job
 from django_jobqueue.worker.heartbeat import renew_leases
+from tests.support.markers import not_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,9 +113,7 @@ def test_fences_chunk_by_size_and_group():
     assert list(leases.fences([])) == []
 
 
-@pytest.mark.skipif(
-    connection.vendor == "sqlite", reason="SQLite has no statement timeout (busy timeout only)"
-)
+@not_sqlite("SQLite has no statement timeout (busy timeout only)")
 def test_statement_timeout_ends_a_long_statement_and_leaves_the_session_as_it_was():
     dialect = get_dialect("default")
     sleep = "SELECT pg_sleep(5)" if connection.vendor == "postgresql" else "SELECT SLEEP(5)"

@@ -22,6 +22,7 @@ from django_jobqueue.models import Job, Worker
 from django_jobqueue.worker.heartbeat import renew_leases
 from django_jobqueue.worker.reclaimer import reclaim_expired
 from tests.conftest import in_new_thread
+from tests.support.markers import needs_skip_locked, only_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -281,7 +282,7 @@ def jobqueue_conf(**overrides):
     return dataclasses.replace(conf.get(), **overrides)
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's database write lock")
+@only_sqlite("SQLite's database write lock")
 def test_sqlite_claim_transaction_holds_the_write_lock_from_its_first_read(dialect):
     """Even when the project leaves transaction_mode unset (DEFERRED) and the connection is
     closed, the claim transaction begins IMMEDIATE: another writer is shut out before the read.
@@ -440,10 +441,7 @@ def test_a_claim_tells_which_jobs_are_in_a_graph_and_their_finish_skips_the_shor
     assert states[downstream.pk] == states[late.pk] == Job.State.READY
 
 
-@pytest.mark.skipif(
-    not get_dialect("default").has_select_for_update_skip_locked,
-    reason="row locks: SQLite locks the whole database",
-)
+@needs_skip_locked("row locks: SQLite locks the whole database")
 def test_finish_and_fail_skip_a_row_another_transaction_holds_locked(dialect):
     """A finished job whose row an application transaction holds is left for later (busy),
     and the rest of the batch is written at once."""

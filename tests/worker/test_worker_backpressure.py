@@ -13,20 +13,18 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from django_jobqueue.worker.dispatcher import BACKLOG_FACTOR
 from tests.conftest import poll
+from tests.support.markers import not_sqlite
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
-    pytest.mark.skipif(
-        connection.vendor == "sqlite",
-        reason="needs row locks: on SQLite the application's lock would stop the claim too",
-    ),
+    not_sqlite("needs row locks: on SQLite the application's lock would stop the claim too"),
 ]
 
 CONCURRENCY = 2

@@ -9,12 +9,11 @@ import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import HANDED_BACK, WorkerProcess, poll, wait_for_job
 from tests.support.connection_support import refusable_account
+from tests.support.markers import not_sqlite, only_postgresql
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor == "sqlite", reason="SQLite has no server to drop a connection"
-    ),
+    not_sqlite("SQLite has no server to drop a connection"),
 ]
 
 
@@ -163,9 +162,7 @@ def test_thread_checks_its_connection_before_a_job_after_the_worker_met_trouble(
     run_after_every_connection_is_cut(start_worker, tmp_path)
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
-)
+@only_postgresql("Django's connection pool is PostgreSQL's")
 def test_pool_replaces_its_idle_connections_after_the_worker_met_trouble(start_worker, tmp_path):
     """The same with Django's connection pool: the thread holds no connection between jobs,
     and the pool's idle one is cut too. The first thread to see the trouble has the pool check

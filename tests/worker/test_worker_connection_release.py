@@ -11,13 +11,12 @@ import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import WorkerProcess, assert_clean_log, poll, wait_for_job
 from tests.support.connection_support import Account, refusable_account
+from tests.support.markers import not_sqlite, only_mysql, only_postgresql
 from tests.worker.test_worker_connection import other_sessions
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor == "sqlite", reason="SQLite has no server connections to refuse or hold"
-    ),
+    not_sqlite("SQLite has no server connections to refuse or hold"),
 ]
 
 FINAL = Job.TERMINAL_STATES
@@ -96,9 +95,7 @@ def drain_pooled(
     return done, peak
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
-)
+@only_postgresql("Django's connection pool is PostgreSQL's")
 def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worker):
     """With OPTIONS["pool"] at max_size 2, a worker at --concurrency 8 runs its handlers on the
     pool's 2 connections, borrowed for a job and given back after it, and its duties on 6
@@ -110,9 +107,7 @@ def test_handler_threads_borrow_from_the_pool_and_give_back(account, start_worke
     assert peak <= 6 + 2
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="Django's connection pool is PostgreSQL's"
-)
+@only_postgresql("Django's connection pool is PostgreSQL's")
 @pytest.mark.parametrize("pool_return", ["job", "query"])
 def test_pool_return_says_when_a_handler_gives_its_pooled_connection_back(
     pool_return, account, start_worker
@@ -166,10 +161,8 @@ def handed_back(worker: WorkerProcess, account: Account) -> Job:
     return job
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql",
-    reason="needs each idle session's last statement (pg_stat_activity); MariaDB's own "
-    "version follows",
+@only_postgresql(
+    "needs each idle session's last statement (pg_stat_activity); MariaDB's own version follows"
 )
 def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt(account, start_worker):
     worker = start_worker("--concurrency", "2", env={"DATABASE_URL": account.url})
@@ -186,7 +179,7 @@ def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt(accou
     assert_clean_log(worker.output())
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's version of the test above")
+@only_mysql("MariaDB's version of the test above")
 def test_job_whose_thread_cannot_connect_is_handed_back_without_an_attempt_on_mariadb(
     account, start_worker
 ):

@@ -19,6 +19,7 @@ from django.db import connection, connections, transaction
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll, wait_for_job
+from tests.support.markers import not_sqlite
 from tests.support.workflow_support import limits_env
 from tests.testapp.models import RunRecord
 
@@ -139,7 +140,7 @@ def test_worker_whose_dispatcher_is_stuck_keeps_its_leases(start_worker, tmp_pat
     assert wait_for_job(later.pk, Job.State.DONE).state == Job.State.DONE
 
 
-@pytest.mark.skipif(SQLITE, reason="a row lock; on SQLite it is the database lock (tests above)")
+@not_sqlite("a row lock; on SQLite it is the database lock (tests above)")
 def test_worker_whose_claim_waits_on_a_locked_limit_row_keeps_its_leases(start_worker):
     """The claim blocks on a limit's lock row an application holds (until the worker's lock
     timeout, then again): the running job keeps its lease all along."""

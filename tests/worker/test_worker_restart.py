@@ -11,18 +11,18 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.conftest import HANDED_BACK, poll, wait_for_job
+from tests.support.markers import not_sqlite
 from tests.support.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
     pytest.mark.server_restart,
-    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
+    not_sqlite("SQLite has no server to restart"),
 ]
 
 

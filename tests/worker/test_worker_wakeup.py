@@ -9,13 +9,12 @@ import pytest
 from django.db import connection, transaction
 
 import django_jobqueue as jobqueue
-from django_jobqueue.dialects import get_dialect
 from django_jobqueue.models import Job
 from tests.conftest import assert_clean_log, wait_for_job
+from tests.support.markers import needs_listen_notify
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PUSH = get_dialect("default").supports_listen_notify
 LONG_POLL = ("--poll-interval", "30")
 
 
@@ -47,7 +46,7 @@ def time_to_done(make_job) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.skipif(not PUSH, reason="LISTEN/NOTIFY is PostgreSQL's")
+@needs_listen_notify("LISTEN/NOTIFY is PostgreSQL's")
 def test_enqueue_in_another_process_wakes_an_idle_worker_at_once(start_worker):
     worker = idle_worker(start_worker)
     assert time_to_done(lambda: jobqueue.enqueue("test.noop")) < 5
@@ -65,7 +64,7 @@ def test_enqueue_in_another_process_wakes_an_idle_worker_at_once(start_worker):
     assert_clean_log(worker.output())
 
 
-@pytest.mark.skipif(not PUSH, reason="LISTEN/NOTIFY is PostgreSQL's")
+@needs_listen_notify("LISTEN/NOTIFY is PostgreSQL's")
 def test_a_job_made_ready_by_an_update_wakes_an_idle_worker(start_worker):
     """retry() makes a job ready by an UPDATE (no INSERT trigger): it notifies as well."""
     dead = jobqueue.enqueue("test.fail_hard")
@@ -81,7 +80,7 @@ def test_a_job_made_ready_by_an_update_wakes_an_idle_worker(start_worker):
     assert worker.stop() == 0
 
 
-@pytest.mark.skipif(not PUSH, reason="LISTEN/NOTIFY is PostgreSQL's")
+@needs_listen_notify("LISTEN/NOTIFY is PostgreSQL's")
 def test_rolled_back_enqueue_wakes_nobody_and_runs_nothing(start_worker):
     worker = idle_worker(start_worker)
     with pytest.raises(RuntimeError), transaction.atomic():

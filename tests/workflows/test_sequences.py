@@ -17,6 +17,7 @@ from django_jobqueue import sequences
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.models import Job, JobSequence
 from django_jobqueue.testing import run_jobs
+from tests.support.markers import only_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -249,7 +250,7 @@ def sequences_slot():
     return dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's limit of parameters")
+@only_sqlite("SQLite's limit of parameters")
 def test_many_sequences_in_one_call_fit_an_sqlite_of_999_parameters():
     """An SQLite built with the old limit (999 parameters, before 3.32) still takes 400
     sequences in one enqueue_many(): the rows are locked, and their heads set, in chunks the
