@@ -54,7 +54,7 @@ docs: venv
 	$(BIN)/mkdocs build --strict --quiet --config-file docs/mkdocs.yml --site-dir ../.site
 
 # A lane runs its tests on XDIST pytest-xdist processes (whole files each, each with its own
-# test database; workers are forked by the session's fork server, tests/forkserver.py), then
+# test database; workers are forked by the session's fork server, tests/support/forkserver.py), then
 # the tests marked `alone` one at a time, then the tests that restart the database server
 # alone: a restart would cut the others short.
 # A failure of either fails the lane (pytest's status 5, "no test selected", is none). Most
@@ -128,7 +128,7 @@ restart-mysql: venv
 # checks, and the server-restart tests of PostgreSQL and MariaDB (each restarts only its own
 # server, on which nothing else runs meanwhile). Each piece's output is printed in one piece
 # when it ends; a failed piece fails `make test`, after the rest has run. The demo's venv is
-# built before: a test of the SQLite lane runs the demo in it (tests/test_demo.py).
+# built before: a test of the SQLite lane runs the demo in it (tests/project/test_demo.py).
 # LANE_JOBS=2 runs the PostgreSQL and MariaDB lanes side by side, on a machine with cores to spare.
 STATIC ?= lint typecheck checks docs
 BESIDE ?= $(STATIC) lane-sqlite restart-postgres restart-mysql

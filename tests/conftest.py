@@ -24,7 +24,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import DatabaseError, connection, connections
 
-from tests.forkserver import SETTINGS_ENV
+from tests.support.forkserver import SETTINGS_ENV
 
 # Hypothesis's health check of how fast inputs are generated measures the machine, not the
 # code: on a loaded CI machine it failed a test that had generated 3 inputs in 1.1 s. No
@@ -36,12 +36,12 @@ hypothesis.settings.load_profile("jobqueue")
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The job_queue fixture, enabled as a project would (tests/test_testing_helpers.py uses it).
+# The job_queue fixture, enabled as a project would (tests/project/test_testing_helpers.py uses it).
 pytest_plugins = ["django_jobqueue.testing.pytest_plugin"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from tests import fast_flush
+    from tests.support import fast_flush
 
     fast_flush.install()
 
@@ -142,7 +142,7 @@ def assert_clean_log(text: str, *, allow: tuple[str, ...] = ()) -> None:
 
 
 class ForkedProcess:
-    """A worker forked by the fork server (`tests/forkserver.py`), driven as a Popen is."""
+    """A worker forked by the fork server (`tests/support/forkserver.py`), driven as a Popen is."""
 
     def __init__(self, channel: socket.socket, args: list[str]) -> None:
         self._channel = channel
@@ -208,7 +208,7 @@ class ForkServer:
             os.unlink(self.path)
         with (self.directory / "forkserver.log").open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.forkserver", self.path],
+                [sys.executable, "-m", "tests.support.forkserver", self.path],
                 cwd=ROOT,
                 env=worker_environment(),
                 stdout=log,
@@ -482,7 +482,7 @@ def in_new_thread[T](func: Callable[[], T]) -> T:
 
 @pytest.fixture
 def scenario() -> Any:
-    """One job and worker of each kind an operator looks at (tests/admin_support.py)."""
-    from tests import admin_support
+    """One job and worker of each kind an operator looks at (tests/support/admin_support.py)."""
+    from tests.support import admin_support
 
     return admin_support.build()

@@ -46,7 +46,7 @@ if os.environ.get("JOBQUEUE_TEST_SUBPROCESS"):
 if os.environ.get("JOBQUEUE_TEST_DB_POOL"):
     _db.setdefault("OPTIONS", {})["pool"] = json.loads(os.environ["JOBQUEUE_TEST_DB_POOL"])
 DATABASES = {"default": _db}
-# The PgBouncer tests (tests/test_pgbouncer.py) give worker subprocesses a second alias, the
+# The PgBouncer tests (tests/dialects/test_poolers.py) give worker subprocesses a second alias, the
 # same test database through the pooler, and say which alias holds the queue and which the
 # listener's LISTEN uses.
 if os.environ.get("JOBQUEUE_TEST_POOLED_URL"):
@@ -142,9 +142,9 @@ if os.environ.get("JOBQUEUE_TEST_RETENTION"):
 if os.environ.get("JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"):
     JOBQUEUE["OPEN_CONTAINER_TIMEOUT"] = float(os.environ["JOBQUEUE_TEST_OPEN_CONTAINER_TIMEOUT"])
 # Worker subprocesses of the telemetry tests: traces and metrics on, through an SDK that writes
-# spans, metrics and log records to files of this directory (tests/otel_support.py).
+# spans, metrics and log records to files of this directory (tests/support/otel_support.py).
 if os.environ.get("JOBQUEUE_TEST_OTEL"):
-    from tests.otel_support import to_files
+    from tests.support.otel_support import to_files
 
     to_files(Path(os.environ["JOBQUEUE_TEST_OTEL"]))
     JOBQUEUE["OPENTELEMETRY"] = {"GAUGE_INTERVAL": 0.5}

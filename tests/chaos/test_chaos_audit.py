@@ -8,8 +8,8 @@ import pytest
 
 from django_jobqueue.models import Job
 from tests.chaos.support import audit, build_workload
+from tests.support.workflow_support import drain
 from tests.testapp.models import RunRecord
-from tests.workflow_support import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.chaos]
 

@@ -10,6 +10,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
 from tests.chaos.support import check_log
 from tests.conftest import poll, wait_for_job
+from tests.support.markers import only_postgresql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.chaos, pytest.mark.slow]
 
@@ -28,7 +29,7 @@ def test_handler_that_cannot_connect_fails_its_attempt_and_its_thread_lives_on(s
     check_log(worker)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY: PostgreSQL only")
+@only_postgresql("LISTEN/NOTIFY: PostgreSQL only")
 def test_listener_that_loses_its_connection_reconnects_without_a_traceback(start_worker):
     """A server restart cuts the wake-up listener's connection: a database error like any
     other duty's, logged in one line (found by the PostgreSQL restart run)."""

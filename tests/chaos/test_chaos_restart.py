@@ -5,10 +5,10 @@ MariaDB/MySQL).
 Before each restart a few jobs take threads and wait through it without touching the database
 (as long jobs do): afterwards, their threads' next jobs must find their connections checked,
 and those of them that then query must be handed back uncharged. The server is restarted with
-the commands of `tests/restart_support.py`. JOBQUEUE_CHAOS_RESTARTS sets the number of restarts
-(2: at 20% and 50% done, spread over 20% to 80% when more), and JOBQUEUE_CHAOS_RESTART_EVERY
-("60-90") restarts every 60 to 90 seconds instead, for a longer soak (size it with
-JOBQUEUE_CHAOS_RESTART_JOBS).
+the commands of `tests/support/restart_support.py`. JOBQUEUE_CHAOS_RESTARTS sets the number of
+restarts (2: at 20% and 50% done, spread over 20% to 80% when more), and
+JOBQUEUE_CHAOS_RESTART_EVERY ("60-90") restarts every 60 to 90 seconds instead, for a longer
+soak (size it with JOBQUEUE_CHAOS_RESTART_JOBS).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import time
 
 import pytest
-from django.db import connection
 
 import django_jobqueue as jobqueue
 from django_jobqueue.models import Job
@@ -33,14 +32,15 @@ from tests.chaos.support import (
     unfinished,
 )
 from tests.conftest import HANDED_BACK
-from tests.restart_support import restart, restart_commands, wait_until_ready
+from tests.support.markers import not_sqlite
+from tests.support.restart_support import restart, restart_commands, wait_until_ready
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.chaos,
     pytest.mark.slow,
     pytest.mark.server_restart,
-    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server to restart"),
+    not_sqlite("SQLite has no server to restart"),
 ]
 
 # What a worker logs while its server is away: retried, never fatal. "Lost the lease" also

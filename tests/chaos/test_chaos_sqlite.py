@@ -9,19 +9,19 @@ import sys
 import time
 
 import pytest
-from django.db import connection
 
 from django_jobqueue.models import Job
 from tests.chaos.producer import expected_jobs
 from tests.chaos.support import check_log, env_int, unfinished
 from tests.conftest import ROOT, poll
+from tests.support.markers import only_sqlite
 from tests.testapp.models import Order, RunRecord
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.chaos,
     pytest.mark.slow,
-    pytest.mark.skipif(connection.vendor != "sqlite", reason="one writer at a time: SQLite only"),
+    only_sqlite("one writer at a time: SQLite only"),
 ]
 
 

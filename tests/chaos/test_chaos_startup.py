@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_jobqueue.models import Worker
 from tests.conftest import poll
+from tests.support.markers import not_sqlite
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -22,7 +23,7 @@ pytestmark = [
     pytest.mark.slow,
     # The race is the same on every database; only a row lock holds a start-up still long
     # enough to signal it there (SQLite's write lock also fails the system checks before).
-    pytest.mark.skipif(connection.vendor == "sqlite", reason="needs a row lock"),
+    not_sqlite("needs a row lock"),
 ]
 
 WORKER_ID = "chaos-start-up"

@@ -1,6 +1,6 @@
-"""Async handlers of the durable jobs' tests (tests/test_durable_async*.py): the same durable
-calls as durable_jobs.py, awaited. Calls that must be counted across crashes append a line to
-a marker file, as there."""
+"""Async handlers of the durable jobs' tests (tests/durable/test_durable_async*.py): the same
+durable calls as durable_jobs.py, awaited. Calls that must be counted across crashes append a
+line to a marker file, as there."""
 
 from __future__ import annotations
 

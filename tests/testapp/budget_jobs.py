@@ -1,4 +1,4 @@
-"""Handlers of the budgets' tests (tests/test_budgets*.py): units taken while a job runs
+"""Handlers of the budgets' tests (tests/limits/test_budgets*.py): units taken while a job runs
 (`ctx.acquire`) and settled by what was used (`ctx.settle`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Handlers of the durable jobs' tests (tests/test_durable_*.py): steps, sleeps, events,
+"""Handlers of the durable jobs' tests (tests/durable/test_durable_*.py): steps, sleeps, events,
 children, progress. Calls that must be counted across crashes append a line to a marker file
 (a step's own writes roll back with it when its worker is killed)."""
 

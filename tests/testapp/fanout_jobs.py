@@ -1,5 +1,5 @@
-"""Handlers of the fan-out tests (tests/test_fanout*.py, tests/test_map*.py): waits for the
-first N of many jobs, maps."""
+"""Handlers of the fan-out tests (tests/workflows/test_fanout*.py,
+tests/workflows/test_map*.py): waits for the first N of many jobs, maps."""
 
 from __future__ import annotations
 

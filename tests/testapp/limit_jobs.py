@@ -1,4 +1,4 @@
-"""Handlers of the quota limits' tests (tests/test_limits*.py)."""
+"""Handlers of the quota limits' tests (tests/limits/test_limits*.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Handlers of the job log lines' tests (tests/test_job_logs*.py): they log through ctx.logger."""
+"""Handlers of the job log lines' tests (tests/telemetry/test_job_logs*.py): they log through
+ctx.logger."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Handlers of the bad names' tests (tests/test_bad_names_are_refused.py): each hands a bad
+"""Handlers of the bad names' tests (tests/enqueue/test_bad_names_are_refused.py): each hands a bad
 name, chosen by `case` (a lone surrogate cannot travel in a job's JSON arguments), to one
 durable call or to `uses`."""
 

@@ -1,4 +1,4 @@
-"""Handlers of the telemetry tests (tests/test_telemetry*.py)."""
+"""Handlers of the telemetry tests (tests/telemetry/test_telemetry*.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Handlers of the sequences' tests (tests/test_sequences*.py): each run of a job writes
+"""Handlers of the sequences' tests (tests/workflows/test_sequences*.py): each run of a job writes
 "start <n>" and "end <n>" to a marker file, so a test reads the order the runs came in and
 whether two overlapped."""
 

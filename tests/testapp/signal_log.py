@@ -1,6 +1,6 @@
 """Signal receivers for worker subprocesses: one JSON line per signal in a file.
 
-Connected when JOBQUEUE_TEST_SIGNAL_LOG names the file (see tests/test_signals.py); with
+Connected when JOBQUEUE_TEST_SIGNAL_LOG names the file (see tests/worker/test_signals.py); with
 JOBQUEUE_TEST_SIGNAL_RAISE set, another receiver raises on every signal, first.
 """
 

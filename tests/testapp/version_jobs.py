@@ -1,4 +1,5 @@
-"""Handlers of the tests of handler versions with worker processes (tests/test_versions_workers.py).
+"""Handlers of the tests of handler versions with worker processes
+(tests/deploys/test_versions_workers.py).
 
 What a process registers depends on its environment, as the code of a release would:
 JOBQUEUE_TEST_REPORT_VERSIONS lists the versions of "versions.report" it has (default "1,2",
