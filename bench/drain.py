@@ -2,7 +2,10 @@
 
 `BENCH_DB=pg python -m bench.drain [--jobs 10000] [--workers 2] [--concurrency 8]`
 
-`--group g` puts the jobs in group g and `--uses '{"api": 1}'` gives them `uses`; with
+`--group g` puts the jobs in group g and `--uses '{"api": 1}'` gives them `uses`;
+`--tenants 10000` spreads them over that many tenants, each job in its tenant's group
+(`tenant-<t>`) and using `tenant:<t>` (run it with BENCH_LIMITS='{"tenant:*": {"concurrency":
+1}}' for the 10,000-tenant drain of issue 47). With
 BENCH_GROUP_LIMITS, BENCH_RATE_LIMITS or BENCH_LIMITS (JSON, see bench/project/settings.py)
 the drain runs under those limits (issue 47's before-and-after runs).
 """
@@ -17,7 +20,12 @@ from . import harness
 
 
 def drain(
-    jobs: int, workers: int, args: list[str], group: str = "", uses: dict | None = None
+    jobs: int,
+    workers: int,
+    args: list[str],
+    group: str = "",
+    uses: dict | None = None,
+    tenants: int = 0,
 ) -> dict[str, float | None]:
     from django.db import transaction
 
@@ -25,8 +33,15 @@ def drain(
 
     harness.reset()
     spec: dict = {"type": "bench.noop", "group": group, **({"uses": uses} if uses else {})}
+    if tenants:
+        specs = [
+            {**spec, "group": f"tenant-{i % tenants}", "uses": {f"tenant:{i % tenants}": 1}}
+            for i in range(jobs)
+        ]
+    else:
+        specs = [spec] * jobs
     with transaction.atomic():
-        jobqueue.enqueue_many([spec] * jobs)
+        jobqueue.enqueue_many(specs)
     harness.analyze()
     started = time.perf_counter()
     procs = harness.start_workers(workers, args)
@@ -51,6 +66,7 @@ def drain(
         "jobs": jobs,
         "workers": workers,
         "args": " ".join(args),
+        "tenants": tenants,
         "jobs_per_s": jobs / (end - started),
         "steady_jobs_per_s": (jobs - first[1]) / (end - first[0]) if end > first[0] else None,
         "startup_s": first[0] - started,
@@ -66,12 +82,13 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="more jobqueue_worker arguments")
     parser.add_argument("--group", default="", help="the jobs' group")
     parser.add_argument("--uses", default="", help="the jobs' uses, as JSON")
+    parser.add_argument("--tenants", type=int, default=0, help="spread the jobs over N tenants")
     opts = parser.parse_args()
     harness.setup()
     args = ["--concurrency", str(opts.concurrency), *opts.extra.split()]
     uses = json.loads(opts.uses) if opts.uses else None
     for workers in opts.workers:
-        harness.report("drain", drain(opts.jobs, workers, args, opts.group, uses))
+        harness.report("drain", drain(opts.jobs, workers, args, opts.group, uses, opts.tenants))
 
 
 if __name__ == "__main__":

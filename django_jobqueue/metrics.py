@@ -83,12 +83,8 @@ class Tally:
         with self._lock:
             minute = self._minute(now.timestamp())
             minute["started"] += len(jobs)
-            handlers = minute["handlers"]
             for job in jobs:
-                counts = handlers.get(job.type)
-                if counts is None:
-                    counts = handlers[job.type] = [0, 0, 0, 0]
-                counts[0] += 1
+                _handler_counts(minute, job.type)[0] += 1
                 # A first claim only: not a retry, nor a durable job resuming after a sleep or
                 # a wait (it has records then), whose wait is not the queue's.
                 if job.attempts != 1 or job.has_steps or job.created_at is None:
@@ -116,9 +112,7 @@ class Tally:
             minute["finished"] += finished
             minute["failed"] += failed
             if handler is not None:
-                counts = minute["handlers"].get(handler)
-                if counts is None:
-                    counts = minute["handlers"][handler] = [0, 0, 0, 0]
+                counts = _handler_counts(minute, handler)
                 counts[1] += state == "done"
                 counts[2] += failed
                 counts[3] += state == "dead"
@@ -145,6 +139,14 @@ class Tally:
 
 def _datetime(minute: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(minute * 60, dt.UTC)
+
+
+def _handler_counts(minute: dict[str, Any], handler: str) -> list[int]:
+    """A minute's [started, done, failed, dead] for a handler key, made at 0 on first use."""
+    counts = minute["handlers"].get(handler)
+    if counts is None:
+        counts = minute["handlers"][handler] = [0, 0, 0, 0]
+    return counts
 
 
 def _copy(minute: dict[str, Any]) -> dict[str, Any]:
