@@ -52,6 +52,11 @@ def drain(
             now = time.perf_counter()
             if done and first is None:
                 first = (now, done)
+                servers = harness.server_pids()
+                cpu_first = (
+                    harness.cpu_seconds(p.pid for p in procs),
+                    harness.cpu_seconds(servers),
+                )
             if now - started > 600:
                 raise TimeoutError(f"{done}/{jobs} done after 600 s")
             if any(p.poll() is not None for p in procs):
@@ -59,18 +64,26 @@ def drain(
             time.sleep(0.02)
         end = time.perf_counter()
         rss = [r for p in procs if (r := harness.peak_rss_mb(p)) is not None]
+        # Over the steady part, as the steady rate (Django's start-up left out).
+        worker_cpu = harness.cpu_seconds(p.pid for p in procs) - cpu_first[0]
+        server_cpu = harness.cpu_seconds(servers) - cpu_first[1]
     finally:
         harness.stop_workers(procs)
     assert first is not None
+    steady = jobs - first[1]
     return {
         "jobs": jobs,
         "workers": workers,
         "args": " ".join(args),
         "tenants": tenants,
         "jobs_per_s": jobs / (end - started),
-        "steady_jobs_per_s": (jobs - first[1]) / (end - first[0]) if end > first[0] else None,
+        "steady_jobs_per_s": steady / (end - first[0]) if end > first[0] else None,
         "startup_s": first[0] - started,
         "peak_rss_mb": max(rss) if rss else None,
+        # CPU a job of the workers and of PostgreSQL's backends serving them, from the first
+        # job done to the last: steadier than the rate on a busy machine.
+        "worker_cpu_ms_per_job": worker_cpu * 1000 / steady if steady else None,
+        "server_cpu_ms_per_job": server_cpu * 1000 / steady if steady and servers else None,
     }
 
 

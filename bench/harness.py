@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,34 @@ def peak_rss_mb(proc: subprocess.Popen[bytes]) -> float | None:
     except OSError:
         return None
     return None
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU time (user and system) the processes `pids` have used so far, in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids() -> list[int]:
+    """PostgreSQL's backends serving the benchmark's database but this process ([] elsewhere:
+    MySQL's connections are threads of one process, SQLite has no server)."""
+    if DB != "pg":
+        return []
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return [pid for (pid,) in cursor.fetchall()]
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
