@@ -235,16 +235,30 @@ class PostgreSQLDialect(Dialect):
         # with the lock (and the COMMIT) in one round trip. The clock is read once (t, read
         # after the lock, which the statement before took), so the record, the window's row
         # and the minute of the spend all carry the time the window was read at.
+        resource, units, cap, (read_sql, read_params), (name, seq, place), lease, handler = grant
+        values = self._record_values(name, seq, place, None, lease[2], None)
+        params = [
+            *read_params, resource, units, cap,
+            values[0], values[1], values[2], resource, units, values[4], values[6], *lease,
+            resource, units, models.ResourceStart.Kind.GRANT.value,
+            resource, handler, units,
+        ]  # fmt: skip
+        # Only the window's read varies in the text (by its resources' period): built once a
+        # shape, as every grant of a job of many calls sends it.
+        key = ("grant", read_sql)
+        if key not in self._sql_cache:
+            self._sql_cache[key] = (self._grant_text(read_sql), [])
+        return self._sql_cache[key][0], params
+
+    def _grant_text(self, read_sql: str) -> str:
         step, job = self.qn(JobStep._meta.db_table), self.qn(Job._meta.db_table)
         limit = self.qn(models.Limit._meta.db_table)
         starts = self.qn(models.ResourceStart._meta.db_table)
         spend = self.qn(models.MinuteSpend._meta.db_table)
         states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
-        resource, units, cap, (read_sql, read_params), (name, seq, place), lease, handler = grant
-        values = self._record_values(name, seq, place, None, lease[2], None)
         iso = '\'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"\''  # as Python's isoformat() reads it
         on_conflict = self._add_on_conflict(spend, ("minute", "resource", "handler"), "units")
-        sql = (
+        return (
             "WITH t AS (SELECT CLOCK_TIMESTAMP() AS now), "
             f"w (resource, n, first) AS ({read_sql}), "
             f"l AS (SELECT closed_until FROM {limit} WHERE name = %s), "
@@ -264,13 +278,6 @@ class PostgreSQLDialect(Dialect):
             "SELECT t.now, (SELECT closed_until FROM l), COALESCE((SELECT SUM(w.n) FROM w), 0), "
             "(SELECT MIN(w.first) FROM w), (SELECT count(*) FROM rec) FROM t"
         )
-        params = [
-            *read_params, resource, units, cap,
-            values[0], values[1], values[2], resource, units, values[4], values[6], *lease,
-            resource, units, models.ResourceStart.Kind.GRANT.value,
-            resource, handler, units,
-        ]  # fmt: skip
-        return sql, params
 
     def write_together(
         self, statements: Sequence[tuple[str, list[Any]]], *, last: bool = False

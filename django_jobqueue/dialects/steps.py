@@ -22,6 +22,12 @@ from ..models import Job, JobStep
 from .inserts import Inserts
 
 
+@functools.cache
+def _fields(model: type[Any]) -> dict[str, Any]:
+    """A model's concrete fields by name (looked up for every record and fenced row)."""
+    return {f.name: f for f in model._meta.concrete_fields}
+
+
 class Steps(Inserts):
     """The fenced records of durable calls."""
 
@@ -103,15 +109,15 @@ class Steps(Inserts):
         duration: float | None,
     ) -> list[Any]:
         """The values of a JobStep row's columns, in `_record_call_sql`'s order."""
-        fields = {f.name: f for f in JobStep._meta.concrete_fields}
+        fields, connection = _fields(JobStep), self.connection
         return [
-            fields["name"].get_db_prep_save(name, self.connection),
+            fields["name"].get_db_prep_save(name, connection),
             seq,
             place,
-            fields["result"].get_db_prep_save(result, self.connection),
+            fields["result"].get_db_prep_save(result, connection),
             attempt,
             duration,
-            fields["created_at"].get_db_prep_save(timezone.now(), self.connection),
+            fields["created_at"].get_db_prep_save(timezone.now(), connection),
         ]
 
     @functools.cached_property
@@ -138,19 +144,25 @@ class Steps(Inserts):
         that adds its value to the row of the same keys, made if missing (as
         `add_to_minutes`). It goes after `record_call_sql` in a `write_together`, which locked
         the job's row: then the row is written with the record, or neither."""
-        fields = {f.name: f for f in model._meta.concrete_fields}
-        names = ", ".join(self.qn(fields[name].column) for name in row)
-        marks = ", ".join(["%s"] * len(row))
-        params = [fields[name].get_db_prep_save(v, self.connection) for name, v in row.items()]
-        job = self.qn(Job._meta.db_table)
-        states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
-        sql = (
-            f"INSERT INTO {self.qn(model._meta.db_table)} ({names}) SELECT {marks} FROM {job} j "
-            f"WHERE j.id = %s AND j.lease_owner = %s AND j.attempts = %s AND j.state IN ({states})"
-        )
-        if add_to is not None:
-            sql += " " + self._add_on_conflict(self.qn(model._meta.db_table), *add_to)
-        return sql, [*params, *lease]
+        fields = _fields(model)
+        connection = self.connection
+        params = [fields[name].get_db_prep_save(v, connection) for name, v in row.items()]
+        # The text depends only on the shape: built once (a running job sends one a call).
+        key = ("fenced_insert", model, tuple(row), add_to)
+        if key not in self._sql_cache:
+            names = ", ".join(self.qn(fields[name].column) for name in row)
+            marks = ", ".join(["%s"] * len(row))
+            job = self.qn(Job._meta.db_table)
+            states = ", ".join(f"'{state}'" for state in Job.LEASED_STATES)
+            sql = (
+                f"INSERT INTO {self.qn(model._meta.db_table)} ({names}) SELECT {marks} "
+                f"FROM {job} j WHERE j.id = %s AND j.lease_owner = %s AND j.attempts = %s "
+                f"AND j.state IN ({states})"
+            )
+            if add_to is not None:
+                sql += " " + self._add_on_conflict(self.qn(model._meta.db_table), *add_to)
+            self._sql_cache[key] = (sql, [])
+        return self._sql_cache[key][0], [*params, *lease]
 
     def record_calls(self, items: Sequence[tuple[Any, ...]]) -> set[int]:
         """Insert the records of several jobs' durable calls (one a job), as `record_call`
