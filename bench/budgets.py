@@ -8,7 +8,8 @@ and settles 1, `--calls` times, each pair timed: the grant's transaction (the lo
 resource, the window's read, its record and row), which also writes the settlement before it
 (a settlement at or below its grant waits for the job's next round trip; on PostgreSQL all of
 it is one round trip with the COMMIT; on MySQL the settlement commits just before). Claims of
-10 plain jobs (each its own transaction, as the dispatcher runs them) are
+10 plain jobs (each its own transaction, as the dispatcher runs them, with the worker's
+`FairShare`, which reads what is paused once a FAIR_SHARE_REFRESH and not at each claim) are
 timed beside them, the two taking turns, so that the machine's drift is the same for both.
 `ratio` is the median pair over the median claim (the median of the rounds' ratios).
 
@@ -42,6 +43,7 @@ def round_(calls: int) -> tuple[float, float]:
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
     from django_jobqueue.engine.context import JobContext
+    from django_jobqueue.engine.fairshare import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()
@@ -53,6 +55,7 @@ def round_(calls: int) -> tuple[float, float]:
         [claimed] = leases.claim(dialect, owner="bench", queues=["budget"], limit=1,
                                  lease_ttl=600)  # fmt: skip
         ctx = JobContext(claimed, claimed.attempts, "bench", 600, dialect)
+        fair_share = FairShare(conf.get())  # the worker's: pauses read once a refresh
         pairs, claims = [], []
         for _ in range(calls):
             started = time.perf_counter()
@@ -61,7 +64,7 @@ def round_(calls: int) -> tuple[float, float]:
             pairs.append(time.perf_counter() - started)
             started = time.perf_counter()
             taken = leases.claim(dialect, owner="bench", queues=["plain"], limit=BATCH,
-                                 lease_ttl=30, fair_share=None)  # fmt: skip
+                                 lease_ttl=30, fair_share=fair_share)  # fmt: skip
             claims.append(time.perf_counter() - started)
             Job.objects.filter(pk__in=[j.pk for j in taken]).update(
                 state="done", lease_owner=None, lease_expires=None, finished_at=Now()
