@@ -164,6 +164,7 @@ def _chart(
     ticks, scale = _y_axis(values, seconds=seconds, log=log)
     parts = [_y_grid(ticks, scale, seconds), *_x_axis(minutes, window, slot)]
     width = slot * 0.8 / max(len(bars), 1)
+    stamps = [escape(_stamp(minute)) for minute in minutes]  # once a slot, not once a mark
     for g, group in enumerate(bars):
         for i in range(count):
             base = 0.0
@@ -175,7 +176,7 @@ def _chart(
                     parts.append(
                         f'<rect x="{x:.1f}" y="{top:.1f}" width="{max(width - 0.5, 0.8):.1f}" '
                         f'height="{bottom - top:.1f}" fill="{colour}"><title>'
-                        f"{escape(_stamp(minutes[i]))} {escape(name)}: {value:,}</title></rect>"
+                        f"{stamps[i]} {escape(name)}: {value:,}</title></rect>"
                     )
                 base += value or 0
     for name, colour, series in lines:
@@ -184,7 +185,7 @@ def _chart(
                 i, v = run[0]
                 parts.append(
                     f'<circle cx="{LEFT + (i + 0.5) * slot:.1f}" cy="{scale(v):.1f}" r="2" '
-                    f'fill="{colour}"><title>{escape(_stamp(minutes[i]))} {escape(name)}: '
+                    f'fill="{colour}"><title>{stamps[i]} {escape(name)}: '
                     f"{escape(_label(v, seconds))}</title></circle>"
                 )
                 continue
