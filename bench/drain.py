@@ -36,13 +36,14 @@ def drain(
         while (done := harness.done_count()) < jobs:
             now = time.perf_counter()
             if done and first is None:
-                first = (now, done)
+                first = (now, done, harness.cpu_seconds(procs))
             if now - started > 600:
                 raise TimeoutError(f"{done}/{jobs} done after 600 s")
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker exited early (see .bench-state/workers.log)")
             time.sleep(0.02)
         end = time.perf_counter()
+        cpu = harness.cpu_seconds(procs)
         rss = [r for p in procs if (r := harness.peak_rss_mb(p)) is not None]
     finally:
         harness.stop_workers(procs)
@@ -54,6 +55,10 @@ def drain(
         "jobs_per_s": jobs / (end - started),
         "steady_jobs_per_s": (jobs - first[1]) / (end - first[0]) if end > first[0] else None,
         "startup_s": first[0] - started,
+        # The workers' CPU (user + system, every thread) per job of the steady part.
+        "worker_cpu_us_per_job": (cpu - first[2]) / (jobs - first[1]) * 1e6
+        if jobs > first[1]
+        else None,
         "peak_rss_mb": max(rss) if rss else None,
     }
 

@@ -122,6 +122,18 @@ def peak_rss_mb(proc: subprocess.Popen[bytes]) -> float | None:
     return None
 
 
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """The CPU time (user + system, all threads) the processes have used so far."""
+    total = 0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
