@@ -82,8 +82,8 @@ def drain(
         "peak_rss_mb": max(rss) if rss else None,
         # CPU a job of the workers and of PostgreSQL's backends serving them, from the first
         # job done to the last: steadier than the rate on a busy machine.
-        "worker_cpu_ms_per_job": worker_cpu * 1000 / steady if steady else None,
-        "server_cpu_ms_per_job": server_cpu * 1000 / steady if steady and servers else None,
+        "worker_cpu_us_per_job": worker_cpu * 1e6 / steady if steady else None,
+        "server_cpu_us_per_job": server_cpu * 1e6 / steady if steady and servers else None,
     }
 
 

@@ -152,9 +152,12 @@ def run(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -> Outcome |
     hooks = telemetry.active
     if hooks is None:
         return _run(dialect, conf, flight)
-    with hooks.attempt(flight) as span:  # current while the handler runs, in this thread
+    begun = hooks.begin(flight)  # its span is current while the handler runs, in this thread
+    try:
         outcome = _run(dialect, conf, flight)
-        hooks.ended(span, flight, outcome)
+        hooks.ended(begun, flight, outcome)
+    finally:
+        hooks.end(begun)
     return outcome
 
 
@@ -243,9 +246,12 @@ async def _attempt(dialect: Dialect, conf: JobQueueSettings, flight: InFlight) -
     hooks = telemetry.active
     if hooks is None:
         return await _run_async(dialect, conf, flight)
-    with hooks.attempt(flight) as span:  # current in this task (its own context)
+    begun = hooks.begin(flight)  # current in this task (its own context)
+    try:
         outcome = await _run_async(dialect, conf, flight)
-        hooks.ended(span, flight, outcome)
+        hooks.ended(begun, flight, outcome)
+    finally:
+        hooks.end(begun)
     return outcome
 
 

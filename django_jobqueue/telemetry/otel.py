@@ -46,6 +46,12 @@ from ..limits.spec import find
 
 if TYPE_CHECKING:
     from ..engine.attempts import InFlight, Outcome
+    from ..records import ClaimedJob
+
+    # What `begin` returns and `end` takes: the attempt's span and its context's token.
+    from contextvars import Token
+
+    Begun = tuple[trace.Span, Token[otel_context.Context]]
 
 SYSTEM = "django_jobqueue"  # messaging.system
 SCOPE = "django_jobqueue"  # the instrumentation scope of the tracer and the meter
@@ -176,37 +182,39 @@ class OpenTelemetry:
         self._propagator.inject(carrier)
         return carrier.get("traceparent")
 
-    @contextmanager
-    def attempt(self, flight: InFlight) -> Iterator[Any]:
-        """Run an attempt inside its span, current for the block (the handler's thread or task)."""
-        job, lease = flight.job, flight.lease
+    def begin(self, flight: InFlight) -> Begun | None:
+        """Open an attempt's span and make it current in this thread or asyncio task (until
+        `end`); count the start. None: traces are off.
+
+        Two plain calls rather than a context manager: this runs once per job on the worker's
+        hot path, where a generator-based context manager costs as much as our own work.
+        """
+        job = flight.job
         if self.recording_metrics:
             self._count("started", job.type, job.queue)
-            self._record_wait(flight)
+            self._record_wait(job)
         if not self.traces:
-            yield None
-            return
+            return None
+        # The shared part (never changed) and the attempt's own, in a new dict for the span.
+        attributes: dict[str, str | int] = {
+            **_static_span_attributes(job.type, job.queue, flight.lease.owner),
+            "messaging.message.id": str(job.id),
+            "jobqueue.attempt": flight.lease.attempt,
+        }
         span = self.tracer.start_span(
             f"process {job.type}",
             context=self._parent(job.traceparent),
             kind=SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": SYSTEM,
-                "messaging.operation.name": "process",
-                "messaging.operation.type": "process",
-                DESTINATION: job.queue,
-                "messaging.message.id": str(job.id),
-                "messaging.client.id": lease.owner,
-                HANDLER: job.type,
-                "jobqueue.attempt": lease.attempt,
-            },
+            attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            yield span
-        finally:
+        return span, otel_context.attach(trace.set_span_in_context(span))
+
+    def end(self, begun: Begun | None) -> None:
+        """Detach and end the span `begin` opened (nothing when traces are off)."""
+        if begun is not None:
+            span, token = begun
             otel_context.detach(token)
             span.end()
 
@@ -222,9 +230,12 @@ class OpenTelemetry:
         self._last_parent = (traceparent, parent)
         return parent
 
-    def ended(self, span: Any, flight: InFlight, outcome: Outcome | None) -> None:
+    def ended(self, begun: Begun | None, flight: InFlight, outcome: Outcome | None) -> None:
         """Say on the attempt's span how it ended: its outcome, error, suspension or 429."""
-        if span is None:
+        if begun is None:
+            return
+        span = begun[0]
+        if not span.is_recording():  # sampled out: the SDK would drop all of it
             return
         context = flight.context
         if context is not None:  # the tokens it settled, from the handler's thread: done now
@@ -265,15 +276,16 @@ class OpenTelemetry:
 
     # -- metrics -------------------------------------------------------------------------------
 
-    def _record_wait(self, flight: InFlight) -> None:
-        job = flight.job
+    def _record_wait(self, job: ClaimedJob) -> None:
         # A first attempt only, as the admin's latency chart (metrics.Tally): a retry's or a
         # resumed durable job's wait is not the queue's.
         if job.attempts != 1 or job.has_steps:
             return
         if job.created_at is None:
             return
-        since = max(job.created_at, job.run_after or job.created_at)
+        since = job.created_at
+        if job.run_after is not None and job.run_after > since:
+            since = job.run_after
         waited = (dt.datetime.now(dt.UTC) - since).total_seconds()
         self.wait.record(max(0.0, waited), _attributes(job.type, job.queue))
 
@@ -387,6 +399,20 @@ def _observe(method: str, options: metrics.CallbackOptions) -> Iterable[metrics.
     from . import active
 
     return [] if active is None else getattr(active, method)()
+
+
+@functools.cache
+def _static_span_attributes(job_type: str, queue: str, owner: str) -> dict[str, str]:
+    """The attributes an attempt span shares with every attempt of `job_type` on `queue` run
+    by worker `owner` (never changed: `begin` copies them)."""
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        DESTINATION: queue,
+        "messaging.client.id": owner,
+        HANDLER: job_type,
+    }
 
 
 @functools.cache
