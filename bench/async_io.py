@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,14 +26,7 @@ from pathlib import Path
 
 from . import harness
 
-TICK = os.sysconf("SC_CLK_TCK")
 PEERS_PYTHON = Path("/tmp/peers-venv/bin/python")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def ours(
@@ -60,11 +52,11 @@ def ours(
         while (done := harness.done_count()) < jobs:
             now = time.perf_counter()
             if done and first is None:
-                first = (now, done, cpu_seconds(procs[0].pid))
+                first = (now, done, harness.cpu_seconds([procs[0].pid]))
             if procs[0].poll() is not None:
                 raise RuntimeError("the worker exited early (see .bench-state/workers.log)")
             time.sleep(0.02)
-        last = (time.perf_counter(), jobs, cpu_seconds(procs[0].pid))
+        last = (time.perf_counter(), jobs, harness.cpu_seconds([procs[0].pid]))
     finally:
         harness.stop_workers(procs)
     assert first is not None

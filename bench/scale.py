@@ -21,7 +21,7 @@ import argparse
 import time
 
 from . import harness
-from .async_io import PEERS_PYTHON, cpu_seconds, peer
+from .async_io import PEERS_PYTHON, peer
 from .connections import server_connections
 from .peer_sleep import figures, server_cpu
 
@@ -42,12 +42,13 @@ def run(jobs: int, seconds: float, procs: int, concurrency: int) -> dict[str, ob
         while (done := harness.done_count()) < jobs:
             peak = max(peak, server_connections())
             if done and first is None:
-                first = (time.perf_counter(), done, sum(cpu_seconds(w.pid) for w in workers),
+                first = (time.perf_counter(), done, harness.cpu_seconds(w.pid for w in workers),
                          server_cpu())  # fmt: skip
             if any(w.poll() is not None for w in workers):
                 raise RuntimeError("a worker exited early (see .bench-state/workers.log)")
             time.sleep(0.02)
-        last = (time.perf_counter(), jobs, sum(cpu_seconds(w.pid) for w in workers), server_cpu())
+        used = harness.cpu_seconds(w.pid for w in workers)
+        last = (time.perf_counter(), jobs, used, server_cpu())
     finally:
         harness.stop_workers(workers)
     assert first is not None
