@@ -36,7 +36,7 @@ from .fairplan import Demand, GroupDemand, plan
 if TYPE_CHECKING:
     from ..conf import JobQueueSettings
     from ..dialects import Dialect
-    from ..records import ClaimedJob
+    from ..lease_results import ClaimedJob
 
 # The module's name before it was renamed: users configure their logging by logger name.
 logger = logging.getLogger("django_jobqueue.scheduling")
