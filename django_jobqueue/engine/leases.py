@@ -31,7 +31,7 @@ from . import quarantine, workflows
 from .error_records import with_error
 
 if TYPE_CHECKING:
-    from .fairshare import FairShare
+    from .fair_selection import FairShare
 
 logger = logging.getLogger("django_jobqueue.leases")
 
