@@ -75,7 +75,7 @@ def claim_cost(ready: int = CLAIMS * BATCH) -> dict[str, float]:
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     with transaction.atomic():
         jobqueue.enqueue_many([("bench.noop", {})] * ready)

@@ -76,7 +76,7 @@ def timed_claims() -> dict[str, float]:
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
     from django_jobqueue.models import Job
 
     dialect = get_dialect("default")
@@ -97,7 +97,7 @@ def timed_claims() -> dict[str, float]:
                 state="done", lease_owner=None, lease_expires=None, finished_at=Now()
             )
     # A claim under LIMITS may take fewer than it asks while its candidates adapt to refusals
-    # (fairshare.OVERFETCH): the jobs a claim took on average says how often.
+    # (admission.OVERFETCH): the jobs a claim took on average says how often.
     assert sum(counts) >= 0.9 * CLAIMS * BATCH, counts
     return {
         "median": statistics.median(times) * 1000,
@@ -119,7 +119,7 @@ def interleaved(tenants: int, *, grouped: bool = False) -> dict[str, float]:
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()

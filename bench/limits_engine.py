@@ -79,7 +79,7 @@ def round_(tenants: int) -> dict[str, float]:
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()

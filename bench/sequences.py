@@ -97,7 +97,7 @@ def timed_claims(queues: list[str]) -> float:
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     dialect = get_dialect("default")
     dialect.bound_waits(5.0, 30.0)

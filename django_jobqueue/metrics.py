@@ -30,9 +30,9 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from .dialects import get_dialect
+from .lease_results import ClaimedJob
 from .models import Job, MinuteCount, MinuteHandlerCount, MinuteSample, MinuteSpend
 from .models.functions import MinuteSlot
-from .records import ClaimedJob
 
 # Upper bounds, in seconds, of the latency buckets; the last bucket has no bound.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60, 300, 1800, 3600)

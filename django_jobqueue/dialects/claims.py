@@ -22,9 +22,9 @@ from django.db.models import F, Field, QuerySet
 from django.db.models.functions import Coalesce
 
 from .. import registry, versions
+from ..lease_results import CLAIM_FIELDS, ClaimedJob
 from ..models import READY_QUEUE_INDEX, Job, JobQuerySet
 from ..models.functions import DbNow
-from ..records import CLAIM_FIELDS, ClaimedJob
 from .sql import seconds
 from .transactions import Transactions
 

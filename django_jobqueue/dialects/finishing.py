@@ -16,9 +16,9 @@ from typing import Any
 
 from django.db.models import Case, TextField, Value, When
 
+from ..lease_results import Finished, FinishReport
 from ..models import Job
 from ..models.functions import DbNow
-from ..records import Finished, FinishReport
 from .transactions import Transactions
 
 

@@ -15,10 +15,10 @@ from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from django.db.models.expressions import RawSQL
 
 from .. import models
+from ..lease_results import Finished, FinishReport
 from ..models import Job, JobDependency, JobQuerySet, JobSequence, JobStep, JobWait
 from ..models.functions import DbNow
 from ..models.literals import array
-from ..records import Finished, FinishReport
 from .base import Dialect
 from .resources import GrantWrite
 from .sql import result_of, seconds
@@ -102,7 +102,7 @@ def _after_begin(conn: Any) -> None:
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from ..records import ClaimedJob
+    from ..lease_results import ClaimedJob
 
 # SQLSTATEs worth retrying the whole transaction for: serialization failure, deadlock, and
 # lock_not_available (a lock wait ran into the worker's lock_timeout).

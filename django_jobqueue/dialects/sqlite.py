@@ -18,7 +18,7 @@ from ..models import Job, JobQuerySet
 from .base import Dialect
 
 if TYPE_CHECKING:
-    from ..records import ClaimedJob
+    from ..lease_results import ClaimedJob
 
 M = TypeVar("M", bound=Any)
 

@@ -33,8 +33,8 @@ from ..exceptions import (
     Retry,
     UnknownHandlerError,
 )
+from ..lease_results import ClaimedJob
 from ..limits.resources import close as close_resource
-from ..records import ClaimedJob
 from . import durable, joblogs, leases, wake
 from .context import AsyncJobContext, JobContext
 

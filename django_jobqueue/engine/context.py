@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from ..lease_results import ClaimedJob
 from ..models import Job
-from ..records import ClaimedJob
 from . import budgets, durable, joblogs, maps
 from .budgets import Grant
 from .leases import Lease, renew_leases

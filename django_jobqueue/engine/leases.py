@@ -24,14 +24,14 @@ from django.db.models import F, Q
 from .. import pausing, registry, versions
 from ..dialects import Dialect, get_dialect
 from ..dialects.base import MAX_DELAY, seconds
+from ..lease_results import ClaimedJob, Finished, FinishReport
 from ..models import Job, JobQuerySet
 from ..models.functions import DbNow
-from ..records import ClaimedJob, Finished, FinishReport
 from . import quarantine, workflows
 from .error_records import with_error
 
 if TYPE_CHECKING:
-    from .fairshare import FairShare
+    from .fair_selection import FairShare
 
 logger = logging.getLogger("django_jobqueue.leases")
 

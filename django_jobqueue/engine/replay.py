@@ -31,7 +31,7 @@ from ..models import Job, JobStep
 
 if TYPE_CHECKING:
     from ..dialects import Dialect
-    from ..records import ClaimedJob
+    from ..lease_results import ClaimedJob
     from .context import JobContext
     from .leases import Lease
 

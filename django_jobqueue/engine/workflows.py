@@ -17,9 +17,9 @@ from typing import Any
 from ..dialects import Dialect
 from ..dialects.base import terminal_columns
 from ..exceptions import UpstreamFailed
+from ..lease_results import Finished
 from ..models import Job, JobDependency, JobStep, JobWait
 from ..models.functions import DbNow
-from ..records import Finished
 from . import map_children, sequences
 from .error_records import error_record
 

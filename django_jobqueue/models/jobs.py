@@ -364,7 +364,7 @@ class JobSequence(models.Model):
 
 
 def in_graph(job: Any) -> bool:
-    """Whether the job (a Job, or a `records.ClaimedJob`) has dependents, a container or
+    """Whether the job (a Job, or a `lease_results.ClaimedJob`) has dependents, a container or
     children of its own: its end has the graph to move too, so the completer sends it straight
     to the finish's transaction rather than through the one-statement finish, which would
     leave it anyway."""

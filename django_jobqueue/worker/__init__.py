@@ -42,7 +42,7 @@ from .. import metrics, schedules, telemetry
 from ..dialects import get_dialect
 from ..engine import attempts, leases, wake
 from ..engine.attempts import InFlight
-from ..engine.fairshare import FairShare
+from ..engine.fair_selection import FairShare
 from ..validation import finite
 from . import connection_pool, naming
 from .burst import BurstCheck

@@ -25,7 +25,7 @@ from ..dialects import Dialect
 from ..engine import durable, leases, quarantine, wake
 from ..engine.attempts import InFlight, Outcome
 from ..engine.error_records import log_text
-from ..engine.fairshare import FairShare
+from ..engine.fair_selection import FairShare
 from ..exceptions import JobTimeout
 from ..limits import window
 from . import connection_health

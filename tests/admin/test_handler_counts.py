@@ -14,8 +14,8 @@ from django.utils import timezone
 import django_jobqueue as jobqueue
 from django_jobqueue import metrics
 from django_jobqueue.admin.breakdown import handler_table
+from django_jobqueue.lease_results import CLAIM_FIELDS, ClaimedJob
 from django_jobqueue.models import Job, MinuteCount, MinuteHandlerCount
-from django_jobqueue.records import CLAIM_FIELDS, ClaimedJob
 from tests.support.admin_support import url
 from tests.support.factories import JobFactory
 

@@ -358,7 +358,7 @@ def test_the_promoter_reads_only_the_scheduled_index(busy_table: None) -> None:
 def test_the_fair_share_claim_reads_the_group_index(busy_table: None) -> None:
     """With several groups, each group's best ready jobs come from the group index."""
     from django_jobqueue import conf
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     fair_share = FairShare(conf.get())
     per_group = group_reads(fair_share)
@@ -407,7 +407,7 @@ def test_a_group_behind_another_groups_backlog_is_read_from_the_group_index(limi
     from django.test import override_settings
 
     from django_jobqueue import conf
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     settings = {"LIMITS": {"tenant:*": {"concurrency": 1}}} if limits else {"GROUP_LIMITS": {}}
     uses = (lambda n: {f"tenant:{n}": 1}) if limits else (lambda n: None)
@@ -438,7 +438,7 @@ def test_a_queue_behind_another_queues_backlog_is_read_from_the_queue_index_unde
 
     from django_jobqueue import conf
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     Job.objects.bulk_create(
         (Job(type="test.noop", state=Job.State.READY, queue="a", uses={f"tenant:{n}": 1})
@@ -542,7 +542,7 @@ def test_whether_several_groups_are_ready_is_two_seeks_in_the_group_index(busy_t
     of the group index, each stopping at its first row, never a read of every ready row."""
     from django_jobqueue import conf
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     fair_share = FairShare(conf.get())
     assert not fair_share.has_limits

@@ -20,7 +20,7 @@ from django_jobqueue import conf
 from django_jobqueue.backends import HAS_TASKS
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.engine import attempts, leases, outcomes
-from django_jobqueue.engine.fairshare import FairShare
+from django_jobqueue.engine.fair_selection import FairShare
 from django_jobqueue.exceptions import InvalidJobError
 from django_jobqueue.models import Job, Limit
 from django_jobqueue.testing import run_jobs
@@ -307,7 +307,7 @@ def long_skips(monkeypatch):
 def test_a_claim_fetches_more_candidates_only_after_refusals_left_it_short(monkeypatch, long_skips):
     """A claim under LIMITS locks its limit's worth of candidates and one more while none is
     refused; after refusals left a claim short, the next fetches twice as many (up to
-    fairshare.OVERFETCH times); once none is refused it comes down again. Every job that can
+    admission.OVERFETCH times); once none is refused it comes down again. Every job that can
     start is found."""
     fair_share, dialect = FairShare(conf.get()), get_dialect("default")
     busy = [work(uses={"tenant:1": 1}) for _ in range(8)]  # one may start: the rest wait
@@ -417,9 +417,9 @@ def test_fair_share_splits_the_free_slots_among_the_groups_whose_jobs_can_start(
     start: a heavier group whose jobs all wait for their tenant (at its cap) does not take the
     slots of every claim, starting nothing (the first claim finds it out; the next ones give
     its share to the others)."""
-    from django_jobqueue.engine import fairshare
+    from django_jobqueue.engine import admission
 
-    monkeypatch.setattr(fairshare, "HELD_BACK_FOR", 60.0)  # however slowly the claims go
+    monkeypatch.setattr(admission, "HELD_BACK_FOR", 60.0)  # however slowly the claims go
     busy = work(uses={"tenant:9": 1}, group="c")
     assert claim(limit=1) == [busy.pk]  # tenant 9 is at its cap of 1 from now on
     heavy = {work(uses={"openai": 1}, group="a", weight=3).pk for _ in range(30)}

@@ -15,7 +15,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.engine import leases
-from django_jobqueue.engine.fairshare import FairShare
+from django_jobqueue.engine.fair_selection import FairShare
 from django_jobqueue.models import Job, Limit
 from tests.conftest import assert_clean_log, poll
 from tests.support.lock_support import holding

@@ -138,7 +138,7 @@ def test_starts_are_counted_after_their_jobs_are_stamped(settings, monkeypatch):
     from django_jobqueue import conf
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "RATE_LIMITS": {"api": "5/s"}}
     enqueue("api", 15)

@@ -9,7 +9,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue import conf
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.engine import leases
-from django_jobqueue.engine.fairshare import FairShare
+from django_jobqueue.engine.fair_selection import FairShare
 from django_jobqueue.models import Job
 from tests.conftest import assert_clean_log, poll, wait_for_job
 from tests.support.workflow_support import FAST, run_burst
@@ -145,7 +145,7 @@ def test_the_plan_gives_each_slot_to_the_least_loaded_group_and_weighs_ties():
     slots, and ties go to a draw weighted by `weight` (a seeded draw: the figures are fixed)."""
     import random
 
-    from django_jobqueue.engine.fairshare import GroupDemand, plan
+    from django_jobqueue.engine.slot_split import GroupDemand, plan
 
     demand = [GroupDemand("a", 1, 5), GroupDemand("b", 2, 5), GroupDemand("c", 3, 5)]
     # a is loaded (1 in flight); c may start 2 more; b has no cap: 7 slots go b, c, b, c, a, b
@@ -172,7 +172,7 @@ def test_the_plan_draws_idle_groups_by_weight_among_thousands():
     groups goes by weight (seeded draws: weights 1 and 3, 4,000 groups each)."""
     import random
 
-    from django_jobqueue.engine.fairplan import Demand, GroupDemand, plan
+    from django_jobqueue.engine.slot_split import Demand, GroupDemand, plan
 
     light = [GroupDemand(f"l{n}", 1, 2) for n in range(4000)]
     heavy = [GroupDemand(f"h{n}", 3, 2) for n in range(4000)]

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 import django_jobqueue as jobqueue
 from django_jobqueue import metrics
+from django_jobqueue.lease_results import CLAIM_FIELDS, ClaimedJob
 from django_jobqueue.models import Job, MinuteCount, MinuteSample
-from django_jobqueue.records import CLAIM_FIELDS, ClaimedJob
 from tests.support.admin_support import url
 
 T0 = dt.datetime(2026, 12, 2, 10, 0, tzinfo=dt.UTC)

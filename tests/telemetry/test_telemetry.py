@@ -18,7 +18,7 @@ import django_jobqueue as jobqueue
 from django_jobqueue import conf, telemetry
 from django_jobqueue.dialects import get_dialect
 from django_jobqueue.engine import leases
-from django_jobqueue.engine.fairshare import FairShare
+from django_jobqueue.engine.fair_selection import FairShare
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.testing import run_jobs
 from django_jobqueue.worker.gauges import Gauges

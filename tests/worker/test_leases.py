@@ -18,7 +18,7 @@ from django_jobqueue.dialects import get_dialect
 from django_jobqueue.dialects.base import seconds
 from django_jobqueue.engine import leases
 from django_jobqueue.engine.attempts import InFlight, Outcome, failure_plan
-from django_jobqueue.engine.fairshare import FairShare
+from django_jobqueue.engine.fair_selection import FairShare
 from django_jobqueue.models import Job, Worker
 from django_jobqueue.worker.heartbeat import renew_leases
 from django_jobqueue.worker.reclaimer import reclaim_expired

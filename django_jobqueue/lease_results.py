@@ -1,5 +1,6 @@
-"""The plain records the lease transitions hand back: what a claim returns (ClaimedJob, light
-enough for the worker's hot path) and what a batched finish did (Finished, FinishReport)."""
+"""What the lease transitions hand back: what a claim returns (ClaimedJob, light enough for the
+worker's hot path) and what a batched finish did (Finished, FinishReport). Plain values passed
+from the dialects up to the engine and the worker: this module imports only the models."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The split of a claim's free slots over the groups with ready work (`plan`).
+"""The split of a claim's free slots over the groups with ready work (`plan`): arithmetic only,
+no database and no lock (`fair_selection.FairShare` reads the demand and locks the jobs).
 
 The rule, applied slot by slot: among the groups that have ready work and are under their
 limits, the next slot goes to the group of the smallest load, (jobs in flight + slots given)
