@@ -43,7 +43,7 @@ def round_(calls: int) -> tuple[float, float]:
     from django_jobqueue.dialects import get_dialect
     from django_jobqueue.engine import leases
     from django_jobqueue.engine.context import JobContext
-    from django_jobqueue.engine.fairshare import FairShare
+    from django_jobqueue.engine.fair_selection import FairShare
     from django_jobqueue.models import Job
 
     harness.reset()

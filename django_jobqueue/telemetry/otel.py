@@ -45,11 +45,11 @@ from ..exceptions import RateLimited, Suspend
 from ..limits.spec import find
 
 if TYPE_CHECKING:
-    from ..engine.attempts import InFlight, Outcome
-    from ..records import ClaimedJob
-
     # What `begin` returns and `end` takes: the attempt's span and its context's token.
     from contextvars import Token
+
+    from ..engine.attempts import InFlight, Outcome
+    from ..lease_results import ClaimedJob
 
     Begun = tuple[trace.Span, Token[otel_context.Context]]
 
