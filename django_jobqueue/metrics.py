@@ -143,7 +143,7 @@ def _datetime(minute: int) -> dt.datetime:
 
 def _handler_counts(minute: dict[str, Any], handler: str) -> list[int]:
     """A minute's [started, done, failed, dead] for a handler key, made at 0 on first use."""
-    counts = minute["handlers"].get(handler)
+    counts: list[int] | None = minute["handlers"].get(handler)
     if counts is None:
         counts = minute["handlers"][handler] = [0, 0, 0, 0]
     return counts

@@ -16,6 +16,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import Model
 from django.utils import timezone
 
 from ..models import Job, JobStep
@@ -23,7 +24,7 @@ from .inserts import Inserts
 
 
 @functools.cache
-def _fields(model: type[Any]) -> dict[str, Any]:
+def _fields(model: type[Model]) -> dict[str, Any]:
     """A model's concrete fields by name (looked up for every record and fenced row)."""
     return {f.name: f for f in model._meta.concrete_fields}
 
@@ -133,7 +134,7 @@ class Steps(Inserts):
 
     def fenced_insert_sql(
         self,
-        model: type[Any],
+        model: type[Model],
         row: dict[str, Any],
         lease: tuple[int, str, int],
         *,
