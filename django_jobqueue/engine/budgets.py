@@ -293,12 +293,17 @@ def _take(
     # The grant's time is read by a statement of its own, after the lock is held: a locking
     # SELECT computes its columns before it waits for the row (PostgreSQL's CLOCK_TIMESTAMP),
     # or reads the clock once when it starts (MySQL's UTC_TIMESTAMP), and a grant stamped
-    # before the grants it waited for would leave later windows too early. The deferred
-    # records go after the lock, which every grant takes before the job's row.
+    # before the grants it waited for would leave later windows too early. It is read after
+    # the window too: the window's read reaches back a period from its own clock, and a time
+    # read before it (these are separate statements here) would leave the rows just over a
+    # period before that clock out of the grant's window, uncounted. Read after, the window
+    # counted holds every row of the grant's (no row is written meanwhile: each takes the
+    # lock this transaction holds), and at most a little more. The deferred records go after
+    # the lock, which every grant takes before the job's row.
     clock, clock_params = dialect.clock_sql()
-    rows, *counts, [(at,)], totals = dialect.execute_together(
-        [lock, *before, (f"SELECT {clock}", clock_params),
-         window.read_sql(dialect, {resource: period})]
+    rows, *counts, totals, [(at,)] = dialect.execute_together(
+        [lock, *before, window.read_sql(dialect, {resource: period}),
+         (f"SELECT {clock}", clock_params)]
     )  # fmt: skip
     if not rows:
         raise _NoRow
