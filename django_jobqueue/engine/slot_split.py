@@ -166,15 +166,3 @@ def plan(
             load = (in_flight.get(d.group, 0) + n) / d.weight
             heapq.heappush(heap, (load, rng.expovariate(d.weight), next(order), d, False))
     return given
-
-
-def remaining(limit: int | None, in_flight: int, dynamic: int | None = None) -> int | None:
-    """Return how many more jobs may start under `limit` and a dynamic cap (None: no limit).
-
-    Both are caps on the jobs in flight: the effective cap is the smaller one, and the room
-    is that cap minus the jobs already in flight.
-    """
-    # The dynamic cap is a cap on running jobs, like GROUP_LIMITS, not room: taken as room, a
-    # hook returning 1 would let a new job start on every claim while others ran.
-    caps = [c for c in (limit, dynamic) if c is not None]
-    return max(0, min(caps) - in_flight) if caps else None
