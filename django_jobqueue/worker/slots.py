@@ -23,12 +23,18 @@ class Slots:
         self.size = size
         self.taken = 0
         self._free = threading.Condition(threading.Lock())
+        self._waiting = 0  # threads in take() waiting for a slot (under the lock)
 
     def take(self, timeout: float | None = None) -> bool:
         """Take a slot, waiting up to `timeout` seconds (None: for ever); False if none came."""
         with self._free:
-            if not self._free.wait_for(lambda: self.taken < self.size, timeout):
-                return False
+            if self.taken >= self.size:  # a free slot (the usual case) takes no wait at all
+                self._waiting += 1
+                try:
+                    if not self._free.wait_for(lambda: self.taken < self.size, timeout):
+                        return False
+                finally:
+                    self._waiting -= 1
             self.taken += 1
             return True
 
@@ -39,4 +45,5 @@ class Slots:
                 logger.error("A handler slot was given back twice; ignored")
                 return
             self.taken -= 1
-            self._free.notify()
+            if self._waiting:  # nobody waits, nobody to wake (notify's cost on every job)
+                self._free.notify()
