@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django_jobqueue.models import Job, ScheduleDefinition, ScheduleState
 from tests.admin.test_admin_browser import PASSWORD, browser, shots  # noqa: F401 (fixtures)
 from tests.support.admin_support import url
-from tests.support.browser_support import log_in, watch_problems
+from tests.support.browser_support import log_in, wait_for_add_form, watch_problems
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
 
@@ -39,12 +39,14 @@ def test_a_stored_schedule_through_the_page(
 
     page.goto(base + url("schedulestate_changelist"))
     page.click("#jq-schedule-add")
+    wait_for_add_form(page)
     page.fill("#id_name", "poll-feeds")
     page.fill("#id_handler", "test.add")
     page.fill("#id_every", "0")  # refused, as in the settings
     page.fill("#id_args", '{"a": 1, "b": 2}')
     page.click("input[name=_save]")
     assert "'every' must be a whole number" in page.locator("#content-main").inner_text()
+    wait_for_add_form(page)  # the form again, its first field focused again
     page.fill("#id_every", "30")
     page.click("input[name=_save]")
     page.wait_for_url(f"**{url('schedulestate_changelist')}")

@@ -49,3 +49,13 @@ def log_in(page: Any, base: str, username: str, password: str) -> Any:
     page.click("input[type=submit]")
     page.wait_for_selector("#content-main")
     return response
+
+
+def wait_for_add_form(page: Any) -> None:
+    """Wait until the admin's change_form.js has focused an add form's first field. It runs
+    after the page is shown, and on a busy machine a fill begun before it can see its text
+    typed into that first field instead (a CI run beside a CPU hog saw the handler's key land
+    in the name)."""
+    page.wait_for_function(
+        "() => ['INPUT', 'SELECT', 'TEXTAREA'].includes(document.activeElement?.tagName)"
+    )
