@@ -401,7 +401,7 @@ def _observe(method: str, options: metrics.CallbackOptions) -> Iterable[metrics.
     return [] if active is None else getattr(active, method)()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)  # bounded: queue names are the users' to invent
 def _static_span_attributes(job_type: str, queue: str, owner: str) -> dict[str, str]:
     """The attributes an attempt span shares with every attempt of `job_type` on `queue` run
     by worker `owner` (never changed: `begin` copies them)."""
@@ -415,7 +415,7 @@ def _static_span_attributes(job_type: str, queue: str, owner: str) -> dict[str, 
     }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)  # bounded, as above
 def _attributes(job_type: str, queue: str, state: str | None = None) -> dict[str, str]:
     """A metric point's attributes (one dict per combination: they are never changed)."""
     attributes = {"messaging.system": SYSTEM, DESTINATION: queue, HANDLER: job_type}
